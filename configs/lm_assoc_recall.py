@@ -1,0 +1,98 @@
+r"""Decoder LM on multi-query associative recall.
+
+    lhc train --config configs/lm_assoc_recall.py:tiny --workdir /tmp/assoc_tiny
+
+Sizes (the part after the colon):
+  tiny   2 layers, width 64, 16 key-value pairs; trains on one CPU core in about a
+         minute and reaches near-perfect recall.
+  small  4 layers, width 256, 64 pairs, sequence 255; a GPU/TPU-sized variant.
+  Add ``runlocal`` to any size to shrink the step count for a smoke test, e.g.
+  ``configs/lm_assoc_recall.py:small,runlocal``.
+
+The loss counts only the answers, so chance level is log(num_values) nats.
+"""
+
+import ml_collections
+
+from lhc.train.config import parse_arg
+
+_SIZES = {
+    # layers, width, heads, kv heads, mlp, pairs, queries, keys, values, batch, steps, lr
+    "tiny": (2, 64, 4, 2, 128, 16, 8, 64, 64, 32, 600, 3e-3),
+    "small": (4, 256, 8, 4, 1024, 64, 32, 256, 256, 64, 5000, 1e-3),
+}
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, size="tiny", runlocal=False)
+    if arg.size not in _SIZES:
+        raise ValueError(f"config arg size must be one of {sorted(_SIZES)}, got {arg.size!r}")
+    layers, width, heads, kv_heads, mlp, pairs, queries, keys, values, batch, steps, lr = _SIZES[
+        arg.size
+    ]
+    seq_len = 2 * (pairs + queries) - 1
+
+    config = ml_collections.ConfigDict()
+    config.task = "causal_lm"
+    config.seed = 0
+    config.num_steps = 20 if arg.runlocal else steps
+    config.batch_size = batch
+    config.log_every = 10
+    config.eval_every = 0
+    config.eval_batches = 4
+    config.checkpoint_every = 200
+    config.max_checkpoints_to_keep = 2
+    config.async_checkpointing = True
+    config.progress_bar = True
+    config.tensorboard = True
+
+    config.data = ml_collections.ConfigDict(
+        dict(
+            name="associative_recall",
+            num_pairs=pairs,
+            num_queries=queries,
+            num_keys=keys,
+            num_values=values,
+        )
+    )
+    config.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=keys + values,
+            num_layers=layers,
+            embed_dim=width,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=width // heads,
+            mlp_dim=mlp,
+            max_len=seq_len,
+            rope_theta=10_000.0,
+            norm_eps=1e-6,
+            qkv_bias=False,
+            tie_embeddings=False,
+            dtype="float32",
+            param_dtype="float32",
+            scan_layers=False,
+            remat_policy="none",
+            attention_impl="xla",
+        )
+    )
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=lr,
+            warmup_steps=max(config.num_steps // 20, 1),
+            schedule="cosine",
+            end_lr_fraction=0.1,
+            b1=0.9,
+            b2=0.98,
+            eps=1e-8,
+            weight_decay=0.01,
+            grad_clip_norm=1.0,
+        )
+    )
+    # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
+    # --config.mesh_shape="(2,4,1)". One size may be -1.
+    config.mesh_axes = ("data", "fsdp", "tensor")
+    config.mesh_shape = (-1, 1, 1)
+    config.logical_axis_rules = None  # None: lhc.parallel.LOGICAL_AXIS_RULES
+    return config

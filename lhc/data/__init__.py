@@ -1,0 +1,13 @@
+"""Data sources shared by several methods: generated tasks and checkpointable iterators."""
+
+from lhc.data.iterators import DataIterator, IndexedIterator, row_rngs, stack_rows
+from lhc.data.synthetic import associative_recall, copy_task
+
+__all__ = [
+    "DataIterator",
+    "IndexedIterator",
+    "row_rngs",
+    "stack_rows",
+    "associative_recall",
+    "copy_task",
+]

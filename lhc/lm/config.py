@@ -1,0 +1,266 @@
+"""Configuration of the decoder-only LM family (Llama, Qwen2 shapes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+from flax.core import FrozenDict
+
+from lhc.nn.remat import REMAT_POLICIES
+from lhc.nn.rope import validate_rope_scaling
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype_name(value: Any, field: str) -> str:
+    try:
+        name = jnp.dtype(value).name
+    except TypeError as error:
+        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}") from error
+    if name not in _FLOAT_DTYPES:
+        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """Shape and numerics of a ``Transformer``.
+
+    Attributes:
+        vocab_size: V.
+        num_layers: L.
+        embed_dim: D, the residual width.
+        num_heads: N, query heads.
+        num_kv_heads: K, key/value heads; divides N (grouped-query attention).
+        head_dim: H (even, for RoPE).
+        mlp_dim: F, the SwiGLU hidden width.
+        max_len: longest sequence (and largest cache) the model accepts.
+        rope_theta: RoPE base.
+        rope_scaling: ``None`` or a mapping (see ``lhc.nn.rope.validate_rope_scaling``);
+            stored as a hashable ``FrozenDict``.
+        norm_eps: RMSNorm epsilon.
+        qkv_bias: biases on the q/k/v projections (Qwen2).
+        tie_embeddings: the output projection reuses the embedding table.
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        param_dtype: storage dtype name.
+        scan_layers: stack layer parameters on a leading ``layers`` axis and run the
+            blocks with ``nn.scan`` (one compiled block; faster compiles for deep models).
+        remat_policy: one of ``lhc.nn.REMAT_POLICIES`` (``"none"`` disables remat).
+        attention_impl: name given to ``lhc.nn.dot_product_attention``.
+    """
+
+    vocab_size: int
+    num_layers: int
+    embed_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    max_len: int
+    rope_theta: float = 10_000.0
+    rope_scaling: Mapping[str, Any] | None = None
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+    attention_impl: str = "xla"
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "num_layers",
+            "embed_dim",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "max_len",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"LMConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"LMConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"LMConfig.rope_theta must be positive, got {self.rope_theta}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"LMConfig.norm_eps must be positive, got {self.norm_eps}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"LMConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
+            )
+        if not isinstance(self.attention_impl, str):
+            raise ValueError(f"LMConfig.attention_impl must be a str, got {self.attention_impl!r}")
+        scaling = validate_rope_scaling(self.rope_scaling)
+        object.__setattr__(self, "rope_scaling", None if scaling is None else FrozenDict(scaling))
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype, "LMConfig.dtype"))
+        object.__setattr__(
+            self, "param_dtype", _dtype_name(self.param_dtype, "LMConfig.param_dtype")
+        )
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        object.__setattr__(self, "norm_eps", float(self.norm_eps))
+
+    def replace(self, **changes: Any) -> LMConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown LMConfig fields {unknown}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict that ``from_dict`` turns back into this config."""
+        out = dataclasses.asdict(self)
+        out["rope_scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> LMConfig:
+        """Builds a config from a mapping; unknown keys raise ``ValueError``."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown LMConfig keys {unknown}")
+        return cls(**dict(values))
+
+    @property
+    def num_query_groups(self) -> int:
+        """Query heads per key/value head (N / K)."""
+        return self.num_heads // self.num_kv_heads
+
+    # Presets ------------------------------------------------------------------------
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> LMConfig:
+        """A model small enough for unit tests on a CPU (about 30K parameters)."""
+        values = dict(
+            vocab_size=128,
+            num_layers=2,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            mlp_dim=64,
+            max_len=256,
+            rope_theta=10_000.0,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def lm_100m(cls, **overrides: Any) -> LMConfig:
+        """A ~110M-parameter model (GPT-2-small widths, Llama layout, 32K vocabulary)."""
+        values = dict(
+            vocab_size=32_000,
+            num_layers=12,
+            embed_dim=768,
+            num_heads=12,
+            num_kv_heads=12,
+            head_dim=64,
+            mlp_dim=2048,
+            max_len=4096,
+            rope_theta=10_000.0,
+            norm_eps=1e-5,
+            tie_embeddings=True,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+# Shapes of released checkpoints (from their config.json files).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(LMConfig.tiny().to_dict()),
+    "lm_100m": dict(LMConfig.lm_100m().to_dict()),
+    "llama3.1-8b": dict(
+        vocab_size=128_256,
+        num_layers=32,
+        embed_dim=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=14_336,
+        max_len=131_072,
+        rope_theta=500_000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        norm_eps=1e-5,
+        tie_embeddings=False,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "llama3.2-1b": dict(
+        vocab_size=128_256,
+        num_layers=16,
+        embed_dim=2048,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        mlp_dim=8192,
+        max_len=131_072,
+        rope_theta=500_000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "qwen2.5-7b": dict(
+        vocab_size=152_064,
+        num_layers=28,
+        embed_dim=3584,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        mlp_dim=18_944,
+        max_len=32_768,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        tie_embeddings=False,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+    "qwen2.5-0.5b": dict(
+        vocab_size=151_936,
+        num_layers=24,
+        embed_dim=896,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        mlp_dim=4864,
+        max_len=32_768,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        tie_embeddings=True,
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+    ),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> LMConfig:
+    """The config called ``name`` (a key of ``PRESETS``) with ``overrides`` applied."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown LM preset {name!r}; known: {sorted(PRESETS)}")
+    return LMConfig.from_dict({**PRESETS[name], **overrides})

@@ -1,0 +1,454 @@
+"""Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` checkpoints, without torch.
+
+``load(path)`` reads ``config.json`` and ``*.safetensors`` (one file, or shards listed in
+``model.safetensors.index.json``) from a local directory and returns an ``LMConfig`` and
+parameters for ``lhc.lm.Transformer``; ``save(config, params, path)`` writes the same
+format back, loadable by ``transformers``.
+
+Weight layout (HF stores ``nn.Linear`` weights as ``[out, in]``)::
+
+    model.embed_tokens.weight          [V, D]      -> embed/embedding          [V, D]
+    model.layers.i.self_attn.q_proj    [N*H, D]    -> attention/query/kernel   [D, N, H]
+    model.layers.i.self_attn.{k,v}_proj [K*H, D]   -> attention/{key,value}    [D, K, H]
+    model.layers.i.self_attn.{q,k,v}_proj.bias     -> .../bias                 [N|K, H]
+    model.layers.i.self_attn.o_proj    [D, N*H]    -> attention/out/kernel     [N, H, D]
+    model.layers.i.mlp.{gate,up}_proj  [F, D]      -> mlp/{gate,up}/kernel     [D, F]
+    model.layers.i.mlp.down_proj       [D, F]      -> mlp/down/kernel          [F, D]
+    model.layers.i.input_layernorm     [D]         -> attention_norm/scale
+    model.layers.i.post_attention_layernorm [D]    -> mlp_norm/scale
+    model.norm.weight                  [D]         -> final_norm/scale
+    lm_head.weight                     [V, D]      -> lm_head/kernel           [D, V]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from lhc.lm.config import LMConfig
+from lhc.lm.model import param_shardings, stack_layer_params, unstack_layer_params
+from lhc.parallel.mesh import LOGICAL_AXIS_RULES
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+# Buffers some exporters write beside the weights; they are recomputed, not loaded.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    name = jnp.dtype(dtype).name
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+# Config ------------------------------------------------------------------------------
+
+
+def _architecture(hf_config: Mapping[str, Any]) -> str:
+    architectures = hf_config.get("architectures") or []
+    for name in architectures:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    by_type = {v: k for k, v in _MODEL_TYPES.items()}
+    if not architectures and hf_config.get("model_type") in by_type:
+        return by_type[hf_config["model_type"]]
+    raise ValueError(
+        f"unsupported architecture: expected one of {SUPPORTED_ARCHITECTURES}, got "
+        f"architectures={architectures!r} model_type={hf_config.get('model_type')!r}"
+    )
+
+
+def _rope(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """RoPE base and scaling from either config layout."""
+    parameters = hf_config.get("rope_parameters")
+    if parameters is not None:
+        # transformers >= 5: {"rope_type": ..., "rope_theta": ..., scaling keys}.
+        if "rope_theta" not in parameters:
+            raise ValueError(
+                f"config.json rope_parameters must hold rope_theta (one set of RoPE parameters "
+                f"for all layers), got {parameters!r}"
+            )
+        theta = parameters["rope_theta"]
+        scaling = dict(parameters)
+    else:
+        theta = hf_config.get("rope_theta", 10_000.0)
+        scaling = hf_config.get("rope_scaling")
+        scaling = None if scaling is None else dict(scaling)
+    if scaling is not None:
+        scaling.pop("rope_theta", None)
+        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+    return float(theta), scaling
+
+
+def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
+    """``LMConfig`` from the dict of a Llama or Qwen2 ``config.json``.
+
+    Args:
+        hf_config: the parsed ``config.json``.
+        **overrides: ``LMConfig`` fields to set (``dtype``, ``scan_layers``, ``max_len``...).
+
+    Raises:
+        ValueError: unsupported architecture or feature (activation other than SiLU,
+            Llama attention/MLP biases, Qwen2 sliding windows, unknown RoPE scaling).
+    """
+    architecture = _architecture(hf_config)
+    if hf_config.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act must be 'silu', got {hf_config.get('hidden_act')!r}")
+    if architecture == "LlamaForCausalLM":
+        for key in ("attention_bias", "mlp_bias"):
+            if hf_config.get(key, False):
+                raise ValueError(f"LlamaForCausalLM with {key}=true is not supported")
+        qkv_bias = False
+    else:
+        if hf_config.get("use_sliding_window", False):
+            raise ValueError("Qwen2ForCausalLM with use_sliding_window=true is not supported")
+        qkv_bias = True
+    num_heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads
+    rope_theta, rope_scaling = _rope(hf_config)
+    values = dict(
+        vocab_size=hf_config["vocab_size"],
+        num_layers=hf_config["num_hidden_layers"],
+        embed_dim=hf_config["hidden_size"],
+        num_heads=num_heads,
+        num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
+        head_dim=head_dim,
+        mlp_dim=hf_config["intermediate_size"],
+        max_len=hf_config["max_position_embeddings"],
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        norm_eps=hf_config.get("rms_norm_eps", 1e-6),
+        qkv_bias=qkv_bias,
+        # Both LlamaConfig and Qwen2Config default to untied embeddings.
+        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+    )
+    values.update(overrides)
+    return LMConfig.from_dict(values)
+
+
+def config_to_hf(config: LMConfig) -> dict[str, Any]:
+    """A ``config.json`` dict for ``config``: Qwen2 when it has q/k/v biases, else Llama.
+
+    RoPE is written as ``rope_theta`` + ``rope_scaling``, the layout of released
+    checkpoints, which every ``transformers`` version reads.
+    """
+    architecture = "Qwen2ForCausalLM" if config.qkv_bias else "LlamaForCausalLM"
+    hf_config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": _MODEL_TYPES[architecture],
+        "vocab_size": config.vocab_size,
+        "num_hidden_layers": config.num_layers,
+        "hidden_size": config.embed_dim,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.mlp_dim,
+        "max_position_embeddings": config.max_len,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
+        "rms_norm_eps": config.norm_eps,
+        "tie_word_embeddings": config.tie_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": config.param_dtype,
+    }
+    if architecture == "LlamaForCausalLM":
+        hf_config.update(attention_bias=False, mlp_bias=False)
+    else:
+        hf_config.update(use_sliding_window=False)
+    return hf_config
+
+
+# Tensors -----------------------------------------------------------------------------
+
+
+def _expected_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
+    d, v, f = config.embed_dim, config.vocab_size, config.mlp_dim
+    qh, kvh = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}."
+        shapes.update(
+            {
+                prefix + "input_layernorm.weight": (d,),
+                prefix + "post_attention_layernorm.weight": (d,),
+                prefix + "self_attn.q_proj.weight": (qh, d),
+                prefix + "self_attn.k_proj.weight": (kvh, d),
+                prefix + "self_attn.v_proj.weight": (kvh, d),
+                prefix + "self_attn.o_proj.weight": (d, qh),
+                prefix + "mlp.gate_proj.weight": (f, d),
+                prefix + "mlp.up_proj.weight": (f, d),
+                prefix + "mlp.down_proj.weight": (d, f),
+            }
+        )
+        if config.qkv_bias:
+            shapes.update(
+                {
+                    prefix + "self_attn.q_proj.bias": (qh,),
+                    prefix + "self_attn.k_proj.bias": (kvh,),
+                    prefix + "self_attn.v_proj.bias": (kvh,),
+                }
+            )
+    if not config.tie_embeddings:
+        shapes["lm_head.weight"] = (v, d)
+    return shapes
+
+
+def _check_tensors(config: LMConfig, shapes: Mapping[str, tuple[int, ...]], source: str) -> None:
+    expected = _expected_shapes(config)
+    names = {n for n in shapes if not n.endswith(_IGNORED_SUFFIXES)}
+    if config.tie_embeddings:
+        names.discard("lm_head.weight")  # some exporters write the tied copy too
+    missing = sorted(set(expected) - names)
+    unexpected = sorted(names - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{source}: tensors do not match the config: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}"
+        )
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise ValueError(
+                f"{source}: tensor {name!r} has shape {tuple(shapes[name])}, expected {shape} "
+                f"from config.json"
+            )
+
+
+def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Parameters (numpy, ``scan_layers=False`` layout, ``config.param_dtype``) from HF tensors."""
+    _check_tensors(config, {k: v.shape for k, v in tensors.items()}, "checkpoint")
+    dtype = _numpy_dtype(config.param_dtype)
+    d, n, k, h = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
+
+    def get(name):
+        return np.asarray(tensors[name]).astype(dtype)
+
+    params: dict[str, Any] = {
+        "embed": {"embedding": get("model.embed_tokens.weight")},
+        "final_norm": {"scale": get("model.norm.weight")},
+    }
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}."
+        attention = {
+            "query": {"kernel": get(prefix + "self_attn.q_proj.weight").T.reshape(d, n, h)},
+            "key": {"kernel": get(prefix + "self_attn.k_proj.weight").T.reshape(d, k, h)},
+            "value": {"kernel": get(prefix + "self_attn.v_proj.weight").T.reshape(d, k, h)},
+            "out": {"kernel": get(prefix + "self_attn.o_proj.weight").T.reshape(n, h, d)},
+        }
+        if config.qkv_bias:
+            for ours, theirs, heads in (("query", "q", n), ("key", "k", k), ("value", "v", k)):
+                attention[ours]["bias"] = get(prefix + f"self_attn.{theirs}_proj.bias").reshape(
+                    heads, h
+                )
+        params[f"layers_{layer}"] = {
+            "attention_norm": {"scale": get(prefix + "input_layernorm.weight")},
+            "attention": attention,
+            "mlp_norm": {"scale": get(prefix + "post_attention_layernorm.weight")},
+            "mlp": {
+                "gate": {"kernel": np.ascontiguousarray(get(prefix + "mlp.gate_proj.weight").T)},
+                "up": {"kernel": np.ascontiguousarray(get(prefix + "mlp.up_proj.weight").T)},
+                "down": {"kernel": np.ascontiguousarray(get(prefix + "mlp.down_proj.weight").T)},
+            },
+        }
+    if not config.tie_embeddings:
+        params["lm_head"] = {"kernel": np.ascontiguousarray(get("lm_head.weight").T)}
+    return params
+
+
+def params_to_hf(config: LMConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """HF tensors (numpy, in the parameters' dtype) from parameters of either layout."""
+    if "layers" in params:
+        params = unstack_layer_params(dict(params))
+    as_np = lambda x: np.asarray(x)
+    d = config.embed_dim
+    tensors = {
+        "model.embed_tokens.weight": as_np(params["embed"]["embedding"]),
+        "model.norm.weight": as_np(params["final_norm"]["scale"]),
+    }
+    for layer in range(config.num_layers):
+        prefix = f"model.layers.{layer}."
+        p = params[f"layers_{layer}"]
+        attention = p["attention"]
+        for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
+            kernel = as_np(attention[ours]["kernel"])
+            tensors[prefix + f"self_attn.{theirs}_proj.weight"] = kernel.reshape(d, -1).T
+            if config.qkv_bias:
+                tensors[prefix + f"self_attn.{theirs}_proj.bias"] = as_np(
+                    attention[ours]["bias"]
+                ).reshape(-1)
+        tensors[prefix + "self_attn.o_proj.weight"] = (
+            as_np(attention["out"]["kernel"]).reshape(-1, d).T
+        )
+        tensors[prefix + "input_layernorm.weight"] = as_np(p["attention_norm"]["scale"])
+        tensors[prefix + "post_attention_layernorm.weight"] = as_np(p["mlp_norm"]["scale"])
+        for name in ("gate", "up", "down"):
+            tensors[prefix + f"mlp.{name}_proj.weight"] = as_np(p["mlp"][name]["kernel"]).T
+    if not config.tie_embeddings:
+        tensors["lm_head.weight"] = as_np(params["lm_head"]["kernel"]).T
+    tensors = {name: np.ascontiguousarray(t) for name, t in tensors.items()}
+    _check_tensors(config, {k: v.shape for k, v in tensors.items()}, "params")
+    return tensors
+
+
+# Files -------------------------------------------------------------------------------
+
+
+def stop_tokens(path: str | os.PathLike) -> tuple[int, ...]:
+    """End-of-sequence ids of a checkpoint, for ``generate(..., stop_tokens=...)``.
+
+    Read from ``generation_config.json`` when present, else ``config.json``
+    (``eos_token_id``, an int or a list; Llama 3.1 instruct lists three).
+    """
+    path = os.fspath(path)
+    for name in ("generation_config.json", "config.json"):
+        file = os.path.join(path, name)
+        if os.path.exists(file):
+            with open(file) as f:
+                eos = json.load(f).get("eos_token_id")
+            if eos is not None:
+                return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
+    return ()
+
+
+def _checkpoint_files(path: str) -> list[str]:
+    index_path = os.path.join(path, _INDEX_FILE)
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index_path} has no weight_map")
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not os.path.exists(os.path.join(path, name)):
+                raise FileNotFoundError(f"{index_path} lists {name}, which is not in {path}")
+        return [os.path.join(path, name) for name in files]
+    single = os.path.join(path, _SINGLE_FILE)
+    if os.path.exists(single):
+        return [single]
+    present = sorted(os.listdir(path))
+    raise FileNotFoundError(
+        f"no {_SINGLE_FILE} or {_INDEX_FILE} in {path} (found {present[:10]}); only "
+        "safetensors checkpoints are supported"
+    )
+
+
+def _read_tensors(files: list[str]) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        with safetensors.safe_open(file, framework="numpy") as f:
+            for name in f.keys():
+                if name in tensors:
+                    raise ValueError(f"tensor {name!r} appears in more than one file ({file})")
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def load(
+    path: str | os.PathLike,
+    dtype: Any = jnp.float32,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Any = None,
+    **overrides: Any,
+) -> tuple[LMConfig, dict[str, Any]]:
+    """Loads a local Llama or Qwen2 safetensors checkpoint.
+
+    Args:
+        path: directory with ``config.json`` and the safetensors file(s).
+        dtype: compute and storage dtype of the returned config and parameters
+            (``overrides`` may set ``param_dtype`` separately).
+        mesh: if given, every parameter is placed with its logical sharding under
+            ``rules`` (default ``lhc.parallel.LOGICAL_AXIS_RULES``), one at a time.
+        rules: logical-axis rules for ``mesh``.
+        **overrides: further ``LMConfig`` fields, e.g. ``scan_layers=True``,
+            ``max_len=32768``, ``attention_impl="..."``.
+
+    Returns:
+        ``(config, params)``; parameters are jax arrays in the layout of
+        ``config.scan_layers``.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` or no safetensors checkpoint.
+        ValueError: unsupported architecture or feature, tensors missing, unexpected or
+            of the wrong shape for the config.
+    """
+    path = os.fspath(path)
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"no config.json in {path}")
+    with open(config_path) as f:
+        hf_config = json.load(f)
+    dtype_name = jnp.dtype(dtype).name
+    config = config_from_hf(
+        hf_config, **{"dtype": dtype_name, "param_dtype": dtype_name, **overrides}
+    )
+    tensors = _read_tensors(_checkpoint_files(path))
+    params = params_from_hf(config, tensors)
+    del tensors
+    if config.scan_layers:
+        params = stack_layer_params(params, config.num_layers)
+        params = jax.tree.map(np.asarray, params)
+    if mesh is None:
+        return config, jax.tree.map(jnp.asarray, params)
+    if rules is None:
+        rules = LOGICAL_AXIS_RULES
+    shardings = param_shardings(config, mesh, rules)
+    return config, jax.tree.map(jax.device_put, params, shardings)
+
+
+def save(
+    config: LMConfig,
+    params: Mapping[str, Any],
+    path: str | os.PathLike,
+    *,
+    max_shard_bytes: int | None = None,
+) -> None:
+    """Writes ``config.json`` and safetensors file(s) that ``transformers`` loads.
+
+    Args:
+        config: the model's config (Qwen2 is written when it has q/k/v biases, else Llama).
+        params: parameters in either layer layout; written in their own dtype.
+        path: output directory (created if needed).
+        max_shard_bytes: split the weights into ``model-0000i-of-0000n.safetensors``
+            files of at most about this size plus ``model.safetensors.index.json``.
+    """
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    tensors = params_to_hf(config, params)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config_to_hf(config), f, indent=2, sort_keys=True)
+    metadata = {"format": "pt"}
+    if max_shard_bytes is None:
+        safetensors.numpy.save_file(tensors, os.path.join(path, _SINGLE_FILE), metadata=metadata)
+        return
+    shards: list[dict[str, np.ndarray]] = [{}]
+    shard_bytes = 0
+    for name in sorted(tensors):
+        size = tensors[name].nbytes
+        if shards[-1] and shard_bytes + size > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensors[name]
+        shard_bytes += size
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        safetensors.numpy.save_file(shard, os.path.join(path, file), metadata=metadata)
+        weight_map.update({name: file for name in shard})
+    index = {
+        "metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
+        "weight_map": weight_map,
+    }
+    with open(os.path.join(path, _INDEX_FILE), "w") as f:
+        json.dump(index, f, indent=2, sort_keys=True)

@@ -1,0 +1,40 @@
+"""Shared Flax linen layers: norms, RoPE, projections, MLPs and attention."""
+
+from lhc.nn.attention import (
+    Attention,
+    AttentionImpl,
+    attention_impls,
+    attention_mask,
+    dot_product_attention,
+    register_attention_impl,
+    write_slots,
+)
+from lhc.nn.linear import Einsum, Embed
+from lhc.nn.mlp import SwiGLU
+from lhc.nn.norms import RMSNorm
+from lhc.nn.remat import REMAT_POLICIES, remat_policy
+from lhc.nn.rope import ROPE_TYPES, apply_rope, rope_frequencies, validate_rope_scaling
+
+__all__ = [
+    # Layers.
+    "Attention",
+    "Einsum",
+    "Embed",
+    "RMSNorm",
+    "SwiGLU",
+    # Attention functions and kernel dispatch.
+    "AttentionImpl",
+    "attention_impls",
+    "attention_mask",
+    "dot_product_attention",
+    "register_attention_impl",
+    "write_slots",
+    # Rotary embeddings.
+    "ROPE_TYPES",
+    "apply_rope",
+    "rope_frequencies",
+    "validate_rope_scaling",
+    # Rematerialisation.
+    "REMAT_POLICIES",
+    "remat_policy",
+]

@@ -1,0 +1,33 @@
+"""Meshes, logical-axis rules, sharded initialisation and multi-host start."""
+
+from lhc.parallel.mesh import (
+    LOGICAL_AXIS_RULES,
+    MESH_AXES,
+    batch_sharding,
+    global_batch,
+    logical_shardings,
+    make_mesh,
+    maybe_initialize_distributed,
+    mesh_from_config,
+    replicated,
+    resolve_mesh_shape,
+    rules_from_config,
+    sharded_init,
+    tree_bytes,
+)
+
+__all__ = [
+    "LOGICAL_AXIS_RULES",
+    "MESH_AXES",
+    "batch_sharding",
+    "global_batch",
+    "logical_shardings",
+    "make_mesh",
+    "maybe_initialize_distributed",
+    "mesh_from_config",
+    "replicated",
+    "resolve_mesh_shape",
+    "rules_from_config",
+    "sharded_init",
+    "tree_bytes",
+]

@@ -1,0 +1,201 @@
+"""Device meshes, logical-axis rules and sharded initialisation.
+
+The mesh has three axes: ``data`` (pure data parallelism), ``fsdp`` (data parallel
+with parameters and optimizer state sharded along it) and ``tensor`` (model
+parallel over heads and MLP width). A config names the sizes; one of them may be -1
+("whatever devices remain").
+
+Parameters and activations carry *logical* axis names; ``LOGICAL_AXIS_RULES`` maps
+them to mesh axes, and a config may override that table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Parameter names: vocab, embed, mlp, heads, kv_heads, kv (head dim), layers, norm.
+# Activation names start with act_ (and cache_ for decoding caches).
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("act_batch", ("data", "fsdp")),
+    ("act_len", None),
+    ("act_emb", None),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_kv", None),
+    ("act_mlp", "tensor"),
+    ("act_vocab", "tensor"),
+    ("cache_batch", ("data", "fsdp")),
+    ("cache_len", None),
+    ("cache_kv_heads", "tensor"),
+    ("cache_kv", None),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("kv", None),
+    ("layers", None),
+    ("norm", None),
+)
+
+
+def resolve_mesh_shape(
+    shape: Sequence[int], num_devices: int, axes: Sequence[str] = MESH_AXES
+) -> tuple[int, ...]:
+    """Replaces a single -1 in ``shape`` so that the product equals ``num_devices``."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != len(axes):
+        raise ValueError(f"mesh_shape must have one size per axis {tuple(axes)}, got {shape}")
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh_shape may contain at most one -1, got {shape}")
+    if any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh_shape sizes must be positive or -1, got {shape}")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(
+                f"mesh_shape {shape} cannot be completed: {num_devices} devices are not "
+                f"divisible by {known}"
+            )
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    if math.prod(shape) != num_devices:
+        raise ValueError(
+            f"mesh_shape {shape} needs {math.prod(shape)} devices, but {num_devices} are available"
+        )
+    return shape
+
+
+def make_mesh(
+    shape: Sequence[int] = (-1, 1, 1),
+    axes: Sequence[str] = MESH_AXES,
+    devices: Sequence[Any] | None = None,
+) -> Mesh:
+    """Builds a mesh with Auto axis types (needed by linen's logical constraints)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = tuple(int(s) for s in shape)
+    if -1 not in shape and 0 < math.prod(shape) < len(devices):
+        # An explicit shape smaller than the machine (e.g. (1, 1, 1) on 8 devices) runs
+        # on the first devices only; say so, since the others sit idle.
+        log.warning("mesh %s uses %d of %d devices", shape, math.prod(shape), len(devices))
+        devices = devices[: math.prod(shape)]
+    shape = resolve_mesh_shape(shape, len(devices), axes)
+    return jax.make_mesh(
+        shape, tuple(axes), axis_types=(AxisType.Auto,) * len(axes), devices=devices
+    )
+
+
+def mesh_from_config(config, devices: Sequence[Any] | None = None) -> Mesh:
+    """The mesh named by ``config.mesh_shape`` (and optionally ``config.mesh_axes``)."""
+    axes = tuple(config.get("mesh_axes", MESH_AXES))
+    return make_mesh(tuple(config.get("mesh_shape", (-1, 1, 1))), axes, devices)
+
+
+def rules_from_config(config) -> tuple[tuple[str, Any], ...]:
+    """Logical-axis rules of ``config`` (``config.logical_axis_rules``) or the defaults."""
+    rules = config.get("logical_axis_rules", None)
+    if rules is None:
+        return LOGICAL_AXIS_RULES
+    return tuple((str(name), _as_mesh_axes(target)) for name, target in rules)
+
+
+def _as_mesh_axes(target):
+    if isinstance(target, list):
+        return tuple(target)
+    return target
+
+
+def logical_shardings(abstract_tree, mesh: Mesh, rules) -> Any:
+    """NamedShardings for a tree of (possibly ``nn.Partitioned``-boxed) abstract values.
+
+    Leaves without logical names are replicated.
+    """
+    specs = nn.get_partition_spec(abstract_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def sharded_init(init_fn, mesh: Mesh, rules, *args):
+    """Initialises a pytree directly in its sharded layout.
+
+    ``init_fn(*args)`` returns a tree whose leaves may be ``nn.LogicallyPartitioned``.
+    The tree is traced abstractly (``eval_shape``), its shardings derived from the logical
+    names, and the real initialisation is jitted with those ``out_shardings``, so no
+    device ever holds the full unsharded tree. Returns ``(tree, shardings)`` with the
+    boxes removed.
+    """
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        abstract = jax.eval_shape(init_fn, *args)
+        shardings = logical_shardings(abstract, mesh, rules)
+        tree = jax.jit(init_fn, out_shardings=shardings)(*args)
+    return nn.meta.unbox(tree), nn.meta.unbox(shardings)
+
+
+def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
+    """Sharding of a batch array: leading axis over the ``act_batch`` mesh axes."""
+    spec = nn.logical_to_mesh_axes(("act_batch",) + (None,) * (ndim - 1), rules)
+    return NamedSharding(mesh, spec)
+
+
+def global_batch(local_batch, mesh: Mesh, rules):
+    """Assembles process-local numpy batches into global, batch-sharded jax Arrays.
+
+    Every process passes its own slice (the leading axis is this process's share of the
+    global batch); the result is one global array per leaf.
+    """
+
+    def put(x):
+        x = np.asarray(x)
+        sharding = batch_sharding(mesh, rules, x.ndim)
+        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+    return jax.tree.map(put, local_batch)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def maybe_initialize_distributed() -> bool:
+    """Calls ``jax.distributed.initialize()`` when ``LHC_DISTRIBUTED=1``.
+
+    On Cloud TPU VMs the arguments are discovered automatically. Elsewhere set
+    ``LHC_COORDINATOR`` (host:port), ``LHC_NUM_PROCESSES`` and ``LHC_PROCESS_ID``.
+    Returns whether the distributed runtime was started.
+    """
+    if os.environ.get("LHC_DISTRIBUTED", "0") != "1":
+        return False
+    if jax.distributed.is_initialized():
+        return True
+    kwargs = {}
+    if "LHC_COORDINATOR" in os.environ:
+        kwargs = dict(
+            coordinator_address=os.environ["LHC_COORDINATOR"],
+            num_processes=int(os.environ["LHC_NUM_PROCESSES"]),
+            process_id=int(os.environ["LHC_PROCESS_ID"]),
+        )
+        if jax.config.jax_platforms in (None, "", "cpu") and os.environ.get(
+            "JAX_PLATFORMS", ""
+        ) in ("", "cpu"):
+            # CPU collectives across processes (tests, local debugging).
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def tree_bytes(tree) -> int:
+    """Total bytes of the arrays (or ShapeDtypeStructs) in ``tree``."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))

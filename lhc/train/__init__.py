@@ -1,0 +1,35 @@
+"""Training: the task registry, optimizers, Orbax checkpoints, metrics and the loop."""
+
+from lhc.train.checkpoint import Checkpointer
+from lhc.train.config import apply_overrides, load_config, parse_arg
+from lhc.train.metrics import MetricWriter, read_metrics
+from lhc.train.optim import make_optimizer, make_schedule
+from lhc.train.tasks import Task, get_task, register_task
+from lhc.train.trainer import (
+    Experiment,
+    NonFiniteLossError,
+    build_experiment,
+    evaluate,
+    restore_params,
+    train_and_evaluate,
+)
+
+__all__ = [
+    "Checkpointer",
+    "Experiment",
+    "MetricWriter",
+    "NonFiniteLossError",
+    "Task",
+    "apply_overrides",
+    "build_experiment",
+    "evaluate",
+    "get_task",
+    "load_config",
+    "make_optimizer",
+    "make_schedule",
+    "parse_arg",
+    "read_metrics",
+    "register_task",
+    "restore_params",
+    "train_and_evaluate",
+]

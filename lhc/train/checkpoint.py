@@ -1,0 +1,131 @@
+"""Orbax checkpointing of the train state and the data-iterator state.
+
+A checkpoint step holds two items: ``state`` (the train-state pytree, restored
+against an abstract tree so shardings hold) and ``data`` (the JSON state of the data
+iterator). Orbax writes each step to a temporary directory and renames it when
+complete, so a crash mid-write never leaves a step that looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+
+class Checkpointer:
+    """Thin wrapper over ``ocp.CheckpointManager`` with clear errors.
+
+    Args:
+      directory: where step directories live (created if missing).
+      save_interval_steps: save every this many steps (0 disables periodic saves;
+        preemption and forced saves still happen).
+      max_to_keep: keep at most this many recent steps (None keeps all).
+      async_save: write in a background thread (call ``wait()`` before reading).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        save_interval_steps: int = 1000,
+        max_to_keep: int | None = 3,
+        async_save: bool = True,
+    ):
+        self.directory = os.path.abspath(directory) if "://" not in directory else directory
+        policies = [checkpoint_managers.PreemptionCheckpointingPolicy()]
+        if save_interval_steps > 0:
+            policies.append(checkpoint_managers.FixedIntervalPolicy(save_interval_steps))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_decision_policy=checkpoint_managers.AnySavePolicy(policies),
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, item_names=("state", "data"), options=options
+        )
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def reached_preemption(self, step: int) -> bool:
+        return self._manager.reached_preemption(step)
+
+    def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
+        """Saves when the policy says so (or ``force``); returns whether it saved."""
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+            ),
+            force=force,
+        )
+
+    def restore(self, step: int | None, abstract_state):
+        """Restores ``(state, data_state)`` at ``step`` (latest when None).
+
+        Args:
+          step: the step to restore, or None for the latest.
+          abstract_state: a pytree of ``jax.ShapeDtypeStruct`` with shardings (or
+            concrete arrays, whose shapes, dtypes and shardings are used).
+
+        Raises:
+          FileNotFoundError: no checkpoint in the directory (or not that step).
+          ValueError: the checkpoint is unreadable or does not match ``abstract_state``.
+        """
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint found in {self.directory!r}")
+        elif step not in self.all_steps():
+            raise FileNotFoundError(
+                f"no checkpoint for step {step} in {self.directory!r}; "
+                f"available steps: {self.all_steps()}"
+            )
+        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as error:  # orbax raises many types for damaged files
+            raise ValueError(
+                f"checkpoint step {step} in {self.directory!r} could not be restored into "
+                f"the expected train state (corrupt, incomplete, or written for a different "
+                f"config): {type(error).__name__}: {error}"
+            ) from error
+        _check_restored_shapes(restored.state, target, step, self.directory)
+        return restored.state, restored.data
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def _check_restored_shapes(restored, target, step, directory) -> None:
+    bad = []
+
+    def check(path, got, want):
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            bad.append(
+                f"{jax.tree_util.keystr(path)}: expected {want.dtype}{list(want.shape)}, "
+                f"found {got.dtype}{list(got.shape)}"
+            )
+
+    jax.tree_util.tree_map_with_path(check, restored, target)
+    if bad:
+        raise ValueError(
+            f"checkpoint step {step} in {directory!r} does not match the config: "
+            + "; ".join(bad[:5])
+        )

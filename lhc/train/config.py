@@ -1,0 +1,157 @@
+"""Loading configs (``configs/<name>.py:arg``) and applying ``--config.key=value`` overrides."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import difflib
+import importlib.util
+import os
+import pathlib
+
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """Parses the string after the colon of ``--config file.py:arg``.
+
+    ``arg`` is a comma-separated list of ``key=value`` or bare flags, e.g.
+    ``"tiny"`` or ``"size=small,runlocal"``. A bare word that is not a key of
+    ``defaults`` sets ``size`` when ``defaults`` has a ``size`` key; otherwise a bare
+    word sets a boolean flag to True. Values are parsed with the type of the default.
+
+    Returns:
+      A ConfigDict with exactly the keys of ``defaults``.
+    """
+    result = ml_collections.ConfigDict(defaults)
+    if not arg:
+        return result
+    for item in arg.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" in item:
+            key, value = item.split("=", 1)
+        elif item in defaults and isinstance(defaults[item], bool):
+            key, value = item, "True"
+        elif "size" in defaults:
+            key, value = "size", item
+        else:
+            raise ValueError(
+                f"config arg {item!r} is not one of the known options {sorted(defaults)}"
+            )
+        if key not in defaults:
+            raise ValueError(f"config arg key {key!r} is not one of {sorted(defaults)}")
+        result[key] = _parse_value(value, defaults[key], f"config arg {key!r}")
+    return result
+
+
+def configs_dir() -> pathlib.Path:
+    """The repository's ``configs/`` directory (beside the ``lhc`` package)."""
+    return pathlib.Path(__file__).resolve().parents[2] / "configs"
+
+
+def load_config(spec: str, overrides: list[str] | tuple[str, ...] = ()):
+    """Loads ``path/to/config.py[:arg]`` and applies ``key=value`` overrides.
+
+    Args:
+      spec: a config file path, optionally followed by ``:arg`` passed to its
+        ``get_config(arg)``. A bare file name (``"lm_assoc_recall.py:tiny"``) that is not
+        in the working directory is looked up in the repository's ``configs/``.
+      overrides: strings ``"a.b=value"`` (a leading ``--config.`` or ``config.`` is
+        allowed).
+
+    Returns:
+      The locked ConfigDict.
+
+    Raises:
+      FileNotFoundError: when the config file does not exist.
+      ValueError: for an unknown key or a value of the wrong type.
+    """
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path) and os.path.dirname(path) in ("", "configs"):
+        bundled = configs_dir() / os.path.basename(path)
+        path = str(bundled) if bundled.is_file() else path
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config: no config file at {path!r} (from {spec!r})")
+    module_name = "lhc_config_" + pathlib.Path(path).stem
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"--config: {path!r} defines no get_config(arg=None)")
+    config = module.get_config(arg or None)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(
+            f"--config: get_config of {path!r} must return an ml_collections.ConfigDict, "
+            f"got {type(config).__name__}"
+        )
+    apply_overrides(config, overrides)
+    config.lock()
+    return config
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides) -> None:
+    """Applies ``key=value`` strings in place; unknown keys raise ValueError."""
+    for override in overrides:
+        text = override
+        for prefix in ("--config.", "config."):
+            if text.startswith(prefix):
+                text = text[len(prefix) :]
+        if "=" not in text:
+            raise ValueError(f"config override {override!r} must look like key=value")
+        dotted, value = text.split("=", 1)
+        parent = config
+        parts = dotted.split(".")
+        for depth, name in enumerate(parts):
+            known = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
+            if name not in known:
+                where = ".".join(parts[:depth]) or "the config"
+                close = difflib.get_close_matches(name, known, n=3)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise ValueError(
+                    f"config override {override!r}: unknown key {name!r} in {where}{hint} "
+                    f"(known keys: {sorted(known)})"
+                )
+            if depth < len(parts) - 1:
+                parent = parent[name]
+        current = parent[parts[-1]]
+        with config.unlocked() if config.is_locked else contextlib.nullcontext():
+            parent[parts[-1]] = _parse_value(value, current, f"config override {dotted!r}")
+
+
+def _parse_value(text: str, current, what: str):
+    """Parses ``text`` into the type of ``current``."""
+    if isinstance(current, ml_collections.ConfigDict):
+        raise ValueError(f"{what}: cannot replace a whole sub-config with {text!r}")
+    if isinstance(current, bool):
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes"):
+            return True
+        if lowered in ("0", "false", "no"):
+            return False
+        raise ValueError(f"{what}: expected a boolean, got {text!r}")
+    if isinstance(current, str):
+        return text
+    if current is None:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ValueError(
+            f"{what}: expected a {type(current).__name__} like {current!r}, got {text!r}"
+        ) from None
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(current, tuple) and isinstance(value, list):
+        value = tuple(value)
+    if isinstance(current, (list, tuple)) and not isinstance(value, (list, tuple)):
+        raise ValueError(f"{what}: expected a sequence like {current!r}, got {text!r}")
+    if not isinstance(current, (list, tuple)) and type(value) is not type(current):
+        raise ValueError(
+            f"{what}: expected a {type(current).__name__} like {current!r}, got {text!r}"
+        )
+    return value

@@ -1,0 +1,74 @@
+"""Optimizers and learning-rate schedules from config."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+_SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+
+
+def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
+    """Linear warmup to ``learning_rate``, then ``opt_config.schedule`` decay.
+
+    ``cosine`` and ``linear`` decay to ``learning_rate * end_lr_fraction`` at
+    ``num_steps``; ``rsqrt`` decays as ``1/sqrt(step / warmup_steps)``.
+    """
+    peak = float(opt_config.learning_rate)
+    warmup = int(opt_config.get("warmup_steps", 0))
+    end = peak * float(opt_config.get("end_lr_fraction", 0.0))
+    kind = opt_config.get("schedule", "cosine")
+    if kind not in _SCHEDULES:
+        raise ValueError(f"optimizer.schedule must be one of {_SCHEDULES}, got {kind!r}")
+    decay_steps = max(num_steps - warmup, 1)
+    if kind == "cosine":
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
+    elif kind == "linear":
+        decay = optax.linear_schedule(peak, end, decay_steps)
+    elif kind == "rsqrt":
+        offset = max(warmup, 1)
+        decay = lambda step: peak * jax.lax.rsqrt((step + offset) / offset)
+    else:
+        decay = optax.constant_schedule(peak)
+    if warmup <= 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def weight_decay_mask(params):
+    """Decays matrices (ndim >= 2) only: no decay on biases, norm scales or scalars."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(
+    opt_config, num_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Builds the optimizer named by ``opt_config.name`` (``adamw``, ``adafactor``, ``sgd``).
+
+    Gradient clipping by global norm (``grad_clip_norm``; 0 disables) comes first;
+    AdamW's weight decay uses ``weight_decay_mask``.
+
+    Returns:
+      ``(transformation, schedule)``; the schedule is also used to log the learning rate.
+    """
+    schedule = make_schedule(opt_config, num_steps)
+    name = opt_config.get("name", "adamw")
+    if name == "adamw":
+        core = optax.adamw(
+            schedule,
+            b1=float(opt_config.get("b1", 0.9)),
+            b2=float(opt_config.get("b2", 0.95)),
+            eps=float(opt_config.get("eps", 1e-8)),
+            weight_decay=float(opt_config.get("weight_decay", 0.0)),
+            mask=weight_decay_mask,
+        )
+    elif name == "adafactor":
+        core = optax.adafactor(schedule)
+    elif name == "sgd":
+        core = optax.sgd(schedule, momentum=float(opt_config.get("momentum", 0.0)) or None)
+    else:
+        raise ValueError(f"optimizer.name must be adamw, adafactor or sgd, got {name!r}")
+    clip = float(opt_config.get("grad_clip_norm", 0.0))
+    if clip > 0:
+        core = optax.chain(optax.clip_by_global_norm(clip), core)
+    return core, schedule

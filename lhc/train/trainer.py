@@ -1,0 +1,272 @@
+"""``train_and_evaluate(config, workdir)``: the one training loop every task runs through.
+
+Mesh -> task -> sharded state -> jitted step -> loop with checkpoints, metrics and
+evaluation. Resuming is automatic: when ``workdir/checkpoints`` holds a step, the
+state (parameters, optimizer, step, RNG) and the data-iterator position are restored
+from it, so an interrupted run continues exactly as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+from jax.sharding import Mesh
+
+from lhc import parallel
+from lhc.train.checkpoint import Checkpointer
+from lhc.train.metrics import MetricWriter
+from lhc.train.optim import make_optimizer
+from lhc.train.tasks import Task, get_task
+
+log = logging.getLogger(__name__)
+
+State = dict[str, Any]  # {"step": int32[], "params": ..., "opt_state": ..., "rng": uint32[2]}
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the training loss becomes NaN or infinite."""
+
+
+@dataclasses.dataclass
+class Experiment:
+    """Everything a run is built from, before any step is taken.
+
+    Attributes:
+      config: the experiment config.
+      mesh: the device mesh.
+      rules: logical-axis rules.
+      task: the task instance.
+      optimizer: the optax transformation.
+      schedule: its learning-rate schedule.
+      state_shardings: NamedShardings of the train state.
+    """
+
+    config: ml_collections.ConfigDict
+    mesh: Mesh
+    rules: Any
+    task: Task
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+    state_shardings: Any = None
+
+    def init_fn(self):
+        """``rng -> state`` with parameters still boxed by logical axis names."""
+
+        def init(rng):
+            params_rng, state_rng = jax.random.split(rng)
+            params = self.task.init_params(params_rng)
+            return {
+                "step": jnp.zeros((), jnp.int32),
+                "params": params,
+                "opt_state": self.optimizer.init(params),
+                "rng": state_rng,
+            }
+
+        return init
+
+    def abstract_state(self):
+        """ShapeDtypeStructs of the state with their shardings (no memory allocated)."""
+        rng = jax.ShapeDtypeStruct(jax.random.key_data(jax.random.key(0)).shape, jnp.uint32)
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+            boxed = jax.eval_shape(self.init_fn(), rng)
+            shardings = nn.meta.unbox(parallel.logical_shardings(boxed, self.mesh, self.rules))
+        abstract = nn.meta.unbox(boxed)
+        self.state_shardings = shardings
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+        )
+
+    def init_state(self, seed: int) -> State:
+        rng = jax.random.key_data(jax.random.key(seed))
+        state, self.state_shardings = parallel.sharded_init(
+            self.init_fn(), self.mesh, self.rules, rng
+        )
+        return state
+
+    def batch_shardings(self, batch_spec):
+        return {
+            name: parallel.batch_sharding(self.mesh, self.rules, len(spec.shape))
+            for name, spec in batch_spec.items()
+        }
+
+    def train_step_fn(self):
+        """The un-jitted ``(state, batch) -> (state, metrics)`` update."""
+        task, optimizer, schedule = self.task, self.optimizer, self.schedule
+
+        def train_step(state, batch):
+            step_rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+
+            def loss_fn(params):
+                return task.loss(params, batch, step_rng)
+
+            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+            updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+            metrics = dict(metrics)
+            metrics["loss"] = loss
+            metrics["grad_norm"] = optax.global_norm(grads)
+            metrics["learning_rate"] = schedule(state["step"])
+            new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
+            return new_state, metrics
+
+        return train_step
+
+    def jit_train_step(self):
+        batch_spec = self.task.batch_spec(int(self.config.batch_size))
+        return jax.jit(
+            self.train_step_fn(),
+            in_shardings=(self.state_shardings, self.batch_shardings(batch_spec)),
+            out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
+            donate_argnums=(0,),
+        )
+
+
+def build_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
+    """Mesh, rules, task and optimizer for ``config`` (on ``devices``, default all)."""
+    mesh = parallel.mesh_from_config(config, devices)
+    rules = parallel.rules_from_config(config)
+    task = get_task(config.task)(config, mesh, rules)
+    optimizer, schedule = make_optimizer(config.optimizer, int(config.num_steps))
+    return Experiment(config, mesh, rules, task, optimizer, schedule)
+
+
+def _checkpointer(config, workdir: str) -> Checkpointer:
+    return Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        save_interval_steps=int(config.get("checkpoint_every", 1000)),
+        max_to_keep=config.get("max_checkpoints_to_keep", 3),
+        async_save=bool(config.get("async_checkpointing", True)),
+    )
+
+
+def _raise_if_non_finite(pending: list[tuple[int, Any]]) -> None:
+    """Checks buffered per-step losses; names the first step whose loss is not finite."""
+    if not pending:
+        return
+    losses = jax.device_get([loss for _, loss in pending])
+    for (step, _), loss in zip(pending, losses):
+        if not np.isfinite(loss):
+            raise NonFiniteLossError(
+                f"training loss is {float(loss)} at step {step}; lower optimizer.learning_rate, "
+                f"enable optimizer.grad_clip_norm, or check the data"
+            )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Trains ``config.task`` for ``config.num_steps`` steps in ``workdir``.
+
+    Resumes from the latest checkpoint in ``workdir/checkpoints``; writes metrics to
+    ``workdir/metrics.jsonl`` and ``workdir/tensorboard`` (process 0); evaluates every
+    ``config.eval_every`` steps and at the end.
+
+    Returns:
+      The last logged train metrics and the final evaluation metrics, as floats.
+
+    Raises:
+      NonFiniteLossError: when the loss becomes NaN/inf (the message names the step).
+    """
+    parallel.maybe_initialize_distributed()
+    exp = build_experiment(config)
+    num_steps = int(config.num_steps)
+    log_every = max(int(config.get("log_every", 10)), 1)
+    eval_every = int(config.get("eval_every", 0))
+
+    state = exp.init_state(int(config.seed))
+    data = exp.task.train_iterator(jax.process_index(), jax.process_count())
+    checkpointer = _checkpointer(config, workdir)
+    latest = checkpointer.latest_step()
+    if latest is not None:
+        state, data_state = checkpointer.restore(latest, state)
+        data.set_state(data_state)
+        log.info("resumed from step %d in %s", latest, workdir)
+    start_step = int(jax.device_get(state["step"]))
+
+    writer = MetricWriter(workdir, tensorboard=bool(config.get("tensorboard", True)))
+    train_step = exp.jit_train_step()
+    summary: dict[str, Any] = {}
+    pending: list[tuple[int, Any]] = []
+    progress = tqdm.tqdm(
+        total=num_steps,
+        initial=start_step,
+        disable=jax.process_index() != 0 or not config.get("progress_bar", True),
+        desc=str(config.task),
+    )
+    step = start_step
+    with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
+        while step < num_steps:
+            batch = parallel.global_batch(next(data), exp.mesh, exp.rules)
+            state, metrics = train_step(state, batch)
+            step += 1
+            pending.append((step, metrics["loss"]))
+            progress.update(1)
+            if step % log_every == 0 or step == num_steps:
+                _raise_if_non_finite(pending)
+                pending.clear()
+                host_metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+                writer.write(step, host_metrics)
+                progress.set_postfix(loss=f"{host_metrics['train/loss']:.4f}")
+                summary.update(host_metrics)
+            preempted = checkpointer.reached_preemption(step)
+            checkpointer.save(step, state, data.get_state(), force=preempted or step == num_steps)
+            if preempted:
+                log.warning("preemption signal at step %d: checkpoint saved, stopping", step)
+                break
+            if eval_every and step % eval_every == 0 and step != num_steps:
+                eval_metrics = exp.task.evaluate(state["params"])
+                writer.write(step, eval_metrics)
+                summary.update(eval_metrics)
+        _raise_if_non_finite(pending)
+        if step == num_steps:
+            eval_metrics = exp.task.evaluate(state["params"])
+            writer.write(step, eval_metrics)
+            summary.update(eval_metrics)
+    progress.close()
+    checkpointer.close()
+    writer.close()
+    summary["step"] = step
+    return summary
+
+
+def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
+    """Parameters of the checkpoint at ``step`` (latest when None) in ``workdir``.
+
+    Returns:
+      ``(experiment, params, step)``.
+
+    Raises:
+      FileNotFoundError: no checkpoint in ``workdir``.
+      ValueError: the checkpoint is corrupt or does not match ``config``.
+    """
+    exp = build_experiment(config)
+    abstract = exp.abstract_state()
+    checkpointer = _checkpointer(config, workdir)
+    try:
+        if step is None and checkpointer.latest_step() is None:
+            raise FileNotFoundError(
+                f"--workdir {workdir!r} holds no checkpoint (looked in "
+                f"{os.path.join(workdir, 'checkpoints')!r}); train first with `lhc train`"
+            )
+        state, _ = checkpointer.restore(step, abstract)
+    finally:
+        checkpointer.close()
+    return exp, state["params"], int(jax.device_get(state["step"]))
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
+    """Restores the latest (or ``step``) checkpoint and runs the task's evaluation."""
+    parallel.maybe_initialize_distributed()
+    exp, params, restored_step = restore_params(config, workdir, step)
+    with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
+        metrics = exp.task.evaluate(params)
+    metrics["step"] = restored_step
+    return metrics

@@ -1,0 +1,122 @@
+"""Fixtures of the lm tests.
+
+``numpy_lm`` is a float64 numpy forward pass of the Llama/Qwen2 decoder, written loop by
+loop: one unpadded sequence, explicit loops over heads, causal mask by index, RoPE
+through complex multiplication. It shares nothing with lhc's einsums, masks and cache.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+
+def inv_frequencies(head_dim, rope_theta, rope_scaling=None):
+    """Per-pair inverse frequencies, the Llama-3 rule applied one frequency at a time."""
+    freqs = []
+    for i in range(head_dim // 2):
+        freq = 1.0 / rope_theta ** (2 * i / head_dim)
+        if rope_scaling is not None:
+            kind = rope_scaling["rope_type"]
+            factor = rope_scaling["factor"]
+            if kind == "linear":
+                freq = freq / factor
+            elif kind == "llama3":
+                original = rope_scaling["original_max_position_embeddings"]
+                low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+                wavelength = 2 * math.pi / freq
+                if wavelength < original / high:
+                    pass  # high frequency: unchanged
+                elif wavelength > original / low:
+                    freq = freq / factor
+                else:
+                    smooth = (original / wavelength - low) / (high - low)
+                    freq = (1 - smooth) * freq / factor + smooth * freq
+            else:
+                raise ValueError(kind)
+        freqs.append(freq)
+    return np.array(freqs, np.float64)
+
+
+def rms_norm(x, scale, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def rotate(x, positions, freqs):
+    """x [T, H]: pairs (i, i + H/2) rotated as complex numbers by position * freq."""
+    half = x.shape[-1] // 2
+    z = x[:, :half] + 1j * x[:, half:]
+    z = z * np.exp(1j * positions[:, None] * freqs[None, :])
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def _layer_params(params, layer):
+    if "layers" in params:
+        return {k: v for k, v in _index_tree(params["layers"], layer).items()}
+    return params[f"layers_{layer}"]
+
+
+def _index_tree(tree, i):
+    if isinstance(tree, dict):
+        return {k: _index_tree(v, i) for k, v in tree.items()}
+    return np.asarray(tree)[i]
+
+
+def forward(config, params, tokens, positions=None):
+    """Logits [T, V] (float64) of one sequence of token ids [T]."""
+    as64 = lambda x: np.asarray(x, np.float64)
+    tokens = np.asarray(tokens)
+    length = len(tokens)
+    positions = np.arange(length) if positions is None else np.asarray(positions)
+    freqs = inv_frequencies(
+        config.head_dim,
+        config.rope_theta,
+        None if config.rope_scaling is None else dict(config.rope_scaling),
+    )
+    embedding = as64(params["embed"]["embedding"])
+    x = embedding[tokens]
+    group = config.num_heads // config.num_kv_heads
+    for layer in range(config.num_layers):
+        p = _layer_params(params, layer)
+        att = p["attention"]
+        h = rms_norm(x, as64(p["attention_norm"]["scale"]), config.norm_eps)
+        head_outputs = []
+        for n in range(config.num_heads):
+            kv_head = n // group
+            q = h @ as64(att["query"]["kernel"])[:, n, :]
+            k = h @ as64(att["key"]["kernel"])[:, kv_head, :]
+            v = h @ as64(att["value"]["kernel"])[:, kv_head, :]
+            if config.qkv_bias:
+                q = q + as64(att["query"]["bias"])[n]
+                k = k + as64(att["key"]["bias"])[kv_head]
+                v = v + as64(att["value"]["bias"])[kv_head]
+            q, k = rotate(q, positions, freqs), rotate(k, positions, freqs)
+            out = np.zeros_like(q)
+            for t in range(length):
+                scores = np.array([q[t] @ k[s] for s in range(t + 1)]) / math.sqrt(config.head_dim)
+                weights = np.exp(scores - scores.max())
+                weights /= weights.sum()
+                out[t] = weights @ v[: t + 1]
+            head_outputs.append(out @ as64(att["out"]["kernel"])[n])
+        x = x + sum(head_outputs)
+        h = rms_norm(x, as64(p["mlp_norm"]["scale"]), config.norm_eps)
+        mlp = p["mlp"]
+        hidden = silu(h @ as64(mlp["gate"]["kernel"])) * (h @ as64(mlp["up"]["kernel"]))
+        x = x + hidden @ as64(mlp["down"]["kernel"])
+    x = rms_norm(x, as64(params["final_norm"]["scale"]), config.norm_eps)
+    if config.tie_embeddings:
+        return x @ embedding.T
+    return x @ as64(params["lm_head"]["kernel"])
+
+
+@pytest.fixture(scope="session")
+def numpy_lm():
+    """The numpy reference: ``forward(config, params, tokens)``, ``inv_frequencies``."""
+    return types.SimpleNamespace(forward=forward, inv_frequencies=inv_frequencies)

@@ -1,0 +1,109 @@
+"""Generation with parameters and cache sharded over 8 host devices equals one device."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, tempfile
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    jax.config.update("jax_default_matmul_precision", "highest")
+    import flax.linen as nn
+    import jax.numpy as jnp
+    import numpy as np
+    from lhc import lm
+    from lhc.parallel.mesh import LOGICAL_AXIS_RULES, make_mesh, sharded_init
+
+    assert jax.device_count() == 8
+    mesh = make_mesh((2, 1, 4))  # data=2, fsdp=1, tensor=4
+    results = {}
+    for scan_layers in (False, True):
+        config = lm.LMConfig.tiny(
+            num_heads=8, num_kv_heads=4, vocab_size=128, mlp_dim=64, scan_layers=scan_layers
+        )
+        abstract = nn.meta.unbox(lm.abstract_params(config))
+        rng = np.random.default_rng(0)
+        params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, x.dtype), abstract)
+        model = lm.Transformer(config)
+        prompts = [[5, 9, 1, 33, 2, 7], [12], [40, 41, 42], [7, 7, 100, 3]]
+        sampling = lm.SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
+        key = jax.random.key(1)
+        single = lm.generate(model, params, prompts, max_new_tokens=12)
+
+        shardings = lm.param_shardings(config, mesh, LOGICAL_AXIS_RULES)
+        sharded_params = jax.device_put(params, shardings)
+        out = lm.generate(model, sharded_params, prompts, max_new_tokens=12, mesh=mesh)
+        sampled_equal = True
+        if scan_layers:  # sampling once is enough; each generate call compiles anew
+            single_sampled = lm.generate(
+                model, params, prompts, max_new_tokens=12, sampling=sampling, rng=key
+            )
+            sampled = lm.generate(
+                model, sharded_params, prompts, max_new_tokens=12, sampling=sampling, rng=key,
+                mesh=mesh,
+            )
+            sampled_equal = bool((np.asarray(sampled.tokens) == np.asarray(single_sampled.tokens)).all())
+        layer = sharded_params["layers"] if scan_layers else sharded_params["layers_0"]
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        initialised, _ = sharded_init(
+            lambda r: model.init(r, tokens, tokens)["params"], mesh, LOGICAL_AXIS_RULES, key
+        )
+        checkpoint = tempfile.mkdtemp()
+        lm.hf.save(config, params, checkpoint)
+        _, loaded = lm.hf.load(checkpoint, mesh=mesh, scan_layers=scan_layers)
+        loaded_query = (loaded["layers"] if scan_layers else loaded["layers_0"])["attention"]["query"]["kernel"]
+        loaded_equal = all(
+            bool((np.asarray(a) == np.asarray(b)).all())
+            for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params))
+        )
+        results[str(scan_layers)] = dict(
+            loaded_equal=loaded_equal,
+            loaded_query_spec=str(loaded_query.sharding.spec),
+            tokens_equal=bool((np.asarray(out.tokens) == np.asarray(single.tokens)).all()),
+            sampled_equal=sampled_equal,
+            log_prob_diff=float(np.abs(np.asarray(out.log_probs) - np.asarray(single.log_probs)).max()),
+            distinct_tokens=int(len(np.unique(np.asarray(single.tokens)))),
+            query_spec=str(layer["attention"]["query"]["kernel"].sharding.spec),
+            query_shard_shape=list(layer["attention"]["query"]["kernel"].addressable_shards[0].data.shape),
+            cache_spec=str(out.cache.keys.sharding.spec),
+            cache_shard_shape=list(out.cache.keys.addressable_shards[0].data.shape),
+            cache_shape=list(out.cache.keys.shape),
+            init_mlp_spec=str((initialised["layers"] if scan_layers else initialised["layers_0"])["mlp"]["gate"]["kernel"].sharding.spec),
+        )
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+@pytest.mark.multidevice
+@pytest.mark.slow
+def test_sharded_generation_equals_single_device():
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
+    results = json.loads(line[len("RESULT ") :])
+    for scan_layers, r in results.items():
+        assert r["tokens_equal"], (scan_layers, r)
+        assert r["loaded_equal"] and r["loaded_query_spec"] == r["query_spec"], r
+        assert r["sampled_equal"], (scan_layers, r)
+        assert r["log_prob_diff"] < 1e-4, (scan_layers, r)
+        assert r["distinct_tokens"] > 4, r  # a non-degenerate sequence was compared
+        # Heads are split over tensor=4; the cache over data=2 (batch) and tensor=4 (heads).
+        assert "tensor" in r["query_spec"] and "tensor" in r["cache_spec"], r
+        layers, batch, slots, kv_heads, head_dim = r["cache_shape"]
+        assert r["cache_shard_shape"] == [layers, batch // 2, slots, kv_heads // 4, head_dim], r
+        assert "tensor" in r["init_mlp_spec"], r
+    assert results["False"]["query_shard_shape"] == [32, 2, 8]
+    assert results["True"]["query_shard_shape"] == [2, 32, 2, 8]

@@ -1,0 +1,129 @@
+"""Attention: masks, grouped-query heads, dispatch and the cached layer, against brute force."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lhc import nn as lnn
+
+
+def _brute_force_attention(q, k, v, q_pos, k_pos):
+    """Loops over batch, head and query; numpy float64."""
+    batch, length, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    out = np.zeros((batch, length, num_heads, head_dim))
+    for b in range(batch):
+        for n in range(num_heads):
+            kv_head = n * num_kv_heads // num_heads
+            for t in range(length):
+                if q_pos[b, t] < 0:
+                    continue
+                visible = [s for s in range(k.shape[1]) if 0 <= k_pos[b, s] <= q_pos[b, t]]
+                if not visible:
+                    continue
+                scores = np.array([q[b, t, n] @ k[b, s, kv_head] for s in visible]) / np.sqrt(
+                    head_dim
+                )
+                w = np.exp(scores - scores.max())
+                w /= w.sum()
+                out[b, t, n] = sum(wi * v[b, s, kv_head] for wi, s in zip(w, visible))
+    return out
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (4, 2), (6, 1)])
+def test_dot_product_attention_matches_brute_force(num_heads, num_kv_heads):
+    rng = np.random.default_rng(num_heads * 10 + num_kv_heads)
+    batch, length, slots, head_dim = 2, 5, 9, 4
+    q = rng.normal(size=(batch, length, num_heads, head_dim)).astype(np.float32)
+    k = rng.normal(size=(batch, slots, num_kv_heads, head_dim)).astype(np.float32)
+    v = rng.normal(size=(batch, slots, num_kv_heads, head_dim)).astype(np.float32)
+    # Keys in shuffled slot order with padding and empty slots; queries include padding
+    # and a query that sees no key at all.
+    k_pos = np.array([[3, -1, 0, 5, 1, 2, -1, 4, 6], [-1, -1, 0, 1, 2, 3, 4, 5, 6]])
+    q_pos = np.array([[-1, 2, 4, 5, 6], [-1, -1, 1, 5, 6]])
+    k_pos[1, 2] = 2  # position 0 absent for sequence 1
+    q_pos[1, 2] = 0  # so this query sees nothing
+    got = lnn.dot_product_attention(*map(jnp.asarray, (q, k, v, q_pos, k_pos)))
+    expected = _brute_force_attention(q, k, v, q_pos, k_pos)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert np.all(np.asarray(got)[0, 0] == 0) and np.all(np.asarray(got)[1, 2] == 0)
+
+
+def test_attention_mask_rule():
+    q_pos = jnp.array([[-1, 0, 2]])
+    k_pos = jnp.array([[0, -1, 1, 2, 3]])
+    expected = np.array([[[0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 1, 1, 0]]], dtype=bool)
+    np.testing.assert_array_equal(lnn.attention_mask(q_pos, k_pos), expected)
+
+
+def test_attention_dispatch_and_validation():
+    q = jnp.ones((1, 2, 4, 8))
+    kv = jnp.ones((1, 3, 2, 8))
+    pos_q, pos_k = jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 3), jnp.int32)
+    with pytest.raises(ValueError, match="attention impl must be one of"):
+        lnn.dot_product_attention(q, kv, kv, pos_q, pos_k, impl="no-such-kernel")
+    with pytest.raises(ValueError, match="multiple"):
+        lnn.dot_product_attention(q, jnp.ones((1, 3, 3, 8)), jnp.ones((1, 3, 3, 8)), pos_q, pos_k)
+    with pytest.raises(ValueError, match="key_positions"):
+        lnn.dot_product_attention(q, kv, kv, pos_q, pos_q)
+
+    calls = []
+
+    def recording_impl(query, key, value, query_positions, key_positions, *, scale):
+        calls.append(scale)
+        return jnp.zeros_like(query)
+
+    lnn.register_attention_impl("test-recording", recording_impl, overwrite=True)
+    assert "test-recording" in lnn.attention_impls()
+    out = lnn.dot_product_attention(q, kv, kv, pos_q, pos_k, impl="test-recording")
+    assert calls == [8**-0.5] and out.shape == q.shape
+    with pytest.raises(ValueError, match="already registered"):
+        lnn.register_attention_impl("test-recording", recording_impl)
+
+
+def test_write_slots_per_sequence():
+    buffer = np.zeros((3, 6, 2), np.float32)
+    update = np.arange(3 * 2 * 2, dtype=np.float32).reshape(3, 2, 2) + 1
+    start = np.array([0, 4, 1])
+    got = np.asarray(lnn.write_slots(jnp.asarray(buffer), jnp.asarray(update), jnp.asarray(start)))
+    expected = buffer.copy()
+    for b in range(3):
+        expected[b, start[b] : start[b] + 2] = update[b]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_attention_layer_cached_equals_uncached_and_params_are_named():
+    layer = lnn.Attention(num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=True)
+    rng = np.random.default_rng(0)
+    batch, length = 2, 6
+    x = jnp.asarray(rng.normal(size=(batch, length, 16)), jnp.float32)
+    positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    variables = jax.eval_shape(layer.init, jax.random.key(0), x, positions)
+    names = jax.tree.map(
+        lambda p: p.names, variables["params"], is_leaf=lambda p: isinstance(p, nn.Partitioned)
+    )
+    assert names["query"] == {"kernel": ("embed", "heads", "kv"), "bias": ("heads", "kv")}
+    assert names["key"]["kernel"] == ("embed", "kv_heads", "kv")
+    assert names["out"] == {"kernel": ("heads", "kv", "embed")}
+    params = jax.tree.map(
+        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * 0.3, leaf.dtype),
+        nn.meta.unbox(variables),
+    )
+    apply = jax.jit(layer.apply)
+    full, no_cache = apply(params, x, positions)
+    assert no_cache is None
+
+    slots = 10
+    cache = (jnp.zeros((batch, slots, 2, 8)), jnp.zeros((batch, slots, 2, 8)))
+    slot_positions = jnp.full((batch, slots), -1, jnp.int32)
+    outs, lengths = [], jnp.zeros((batch,), jnp.int32)
+    for start, stop in [(0, 4), (4, 5), (5, 6)]:
+        slot_positions = lnn.write_slots(slot_positions, positions[:, start:stop], lengths)
+        out, cache = apply(
+            params, x[:, start:stop], positions[:, start:stop], slot_positions, cache, lengths
+        )
+        outs.append(out)
+        lengths = lengths + (stop - start)
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5)

@@ -1,0 +1,69 @@
+"""Runs the tiny train config under several meshes or processes and prints JSON results.
+
+Run by tests/train/test_multidevice.py in a subprocess, because the number of host
+devices (XLA_FLAGS) and the distributed runtime must be set before JAX starts.
+
+    python multidevice_worker.py meshes WORKDIR       # 8 host devices, 3 mesh layouts
+    python multidevice_worker.py single WORKDIR       # one process, one device
+    LHC_DISTRIBUTED=1 ... python multidevice_worker.py process WORKDIR   # one of N processes
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+mode, workdir = sys.argv[1], sys.argv[2]
+if mode == "meshes":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lhc import train  # noqa: E402
+from lhc.train import config as config_lib  # noqa: E402
+
+CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "lm_assoc_recall.py")
+OVERRIDES = [
+    "num_steps=3",
+    "batch_size=8",
+    "log_every=1",
+    "eval_batches=1",
+    "progress_bar=False",
+    "tensorboard=False",
+    "data.num_pairs=4",
+    "data.num_queries=2",
+    "model.max_len=11",
+    "model.num_kv_heads=4",  # divisible by a tensor axis of 4
+]
+
+
+def run(name, mesh_shape):
+    config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
+    path = os.path.join(workdir, name)
+    train.train_and_evaluate(config, path)
+    losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
+    _, params, _ = train.restore_params(config, path)
+    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])
+    return {"losses": losses, "params": flat.tolist()}
+
+
+if mode == "meshes":
+    assert jax.device_count() == 8, jax.device_count()
+    results = {
+        "single": run("single", "(1,1,1)"),
+        "data2_fsdp4": run("data2_fsdp4", "(2,4,1)"),
+        "data2_tensor4": run("data2_tensor4", "(2,1,4)"),
+    }
+elif mode == "single":
+    results = {"single": run("single", "(1,1,1)")}
+else:
+    from lhc.parallel import maybe_initialize_distributed
+
+    assert maybe_initialize_distributed()
+    assert jax.process_count() == int(os.environ["LHC_NUM_PROCESSES"])
+    results = {"process": run("distributed", "(-1,1,1)")}
+    results["process_count"] = jax.process_count()
+    results["device_count"] = jax.device_count()
+print("RESULTS " + json.dumps(results))
