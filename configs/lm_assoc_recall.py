@@ -3,9 +3,12 @@ r"""Decoder LM on multi-query associative recall.
     lhc train --config configs/lm_assoc_recall.py:tiny --workdir /tmp/assoc_tiny
 
 Sizes (the part after the colon):
-  tiny   2 layers, width 64, 16 key-value pairs; trains on one CPU core in about a
-         minute and reaches near-perfect recall.
-  small  4 layers, width 256, 64 pairs, sequence 255; a GPU/TPU-sized variant.
+  tiny   2 layers, width 64, 4 key-value pairs out of 16 keys and 16 values, 1200
+         steps of 128 sequences; on a 2-core CPU it trains in under a minute and
+         recalls about 99% of the answers (the induction mechanism forms around step
+         600-900, visible as a sudden drop of the loss).
+  small  4 layers, width 256, 64 pairs, sequence 255; a GPU/TPU-sized variant (its
+         learning curve has not been recorded here).
   Add ``runlocal`` to any size to shrink the step count for a smoke test, e.g.
   ``configs/lm_assoc_recall.py:small,runlocal``.
 
@@ -18,7 +21,7 @@ from lhc.train.config import parse_arg
 
 _SIZES = {
     # layers, width, heads, kv heads, mlp, pairs, queries, keys, values, batch, steps, lr
-    "tiny": (2, 64, 4, 2, 128, 16, 8, 64, 64, 32, 600, 3e-3),
+    "tiny": (2, 64, 4, 2, 128, 4, 4, 16, 16, 128, 1200, 1e-3),
     "small": (4, 256, 8, 4, 1024, 64, 32, 256, 256, 64, 5000, 1e-3),
 }
 
@@ -86,7 +89,7 @@ def get_config(arg=None):
             b1=0.9,
             b2=0.98,
             eps=1e-8,
-            weight_decay=0.01,
+            weight_decay=0.0,
             grad_clip_norm=1.0,
         )
     )

@@ -130,11 +130,14 @@ def _demo(workdir: str | None) -> int:
     print(f"lhc demo: {DEMO_CONFIG} ({config.task}, {config.data.name}) in {workdir}")
     summary = train_and_evaluate(config, workdir)
     rows = [r for r in read_metrics(workdir) if "train/loss" in r]
+    shown = rows[:: max(len(rows) // 8, 1)]
+    if rows and shown[-1] is not rows[-1]:
+        shown.append(rows[-1])
     print()
-    print("| step | train loss | ")
-    print("|---:|---:|")
-    for row in rows[:: max(len(rows) // 8, 1)] + ([rows[-1]] if rows else []):
-        print(f"| {row['step']} | {row['train/loss']:.4f} |")
+    print("| step | train loss | answer accuracy |")
+    print("|---:|---:|---:|")
+    for row in shown:
+        print(f"| {row['step']} | {row['train/loss']:.4f} | {row['train/accuracy']:.3f} |")
     print()
     print(
         f"final eval loss {summary['eval/loss']:.4f} vs chance {summary['eval/chance_loss']:.4f} "
