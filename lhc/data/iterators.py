@@ -43,9 +43,10 @@ class IndexedIterator(DataIterator):
     """Yields this process's rows of global batch 0, 1, 2, ...
 
     Args:
-      make_batch: ``(rngs, index) -> dict of numpy arrays`` with one leading row per
-        generator in ``rngs`` (``row_rngs(seed, index, rows)``); a row may depend only
-        on its generator.
+      make_batch: ``(seed, index, rows) -> dict of numpy arrays`` with one leading row
+        per entry of ``rows`` (a ``range`` of global row indices); row ``r`` may depend
+        only on ``(seed, index, r)`` and on what every row shares, e.g. by drawing from
+        ``row_rngs(seed, index, rows)``.
       seed: the data seed.
       batch_size: rows per global batch.
       process_index: this process's index; it gets rows
@@ -56,7 +57,7 @@ class IndexedIterator(DataIterator):
 
     def __init__(
         self,
-        make_batch: Callable[[list[np.random.Generator], int], Batch],
+        make_batch: Callable[[int, int, range], Batch],
         *,
         seed: int,
         batch_size: int,
@@ -76,7 +77,7 @@ class IndexedIterator(DataIterator):
         self._index = int(start)
 
     def __next__(self) -> Batch:
-        batch = self._make_batch(row_rngs(self._seed, self._index, self._rows), self._index)
+        batch = self._make_batch(self._seed, self._index, self._rows)
         self._index += 1
         return batch
 

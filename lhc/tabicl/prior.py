@@ -198,6 +198,10 @@ class PriorConfig:
       row_multiple: None pads every batch to ``num_rows`` rows; an integer pads to the
         batch's longest table rounded up to a multiple of it (fewer padded rows, a few
         distinct shapes).
+      train_size_multiple: None keeps the sampled train size; an integer rounds it down
+        to a multiple of itself (at least one multiple), so a jitted model that takes the
+        train size as a static shape compiles only ``num_rows / train_size_multiple``
+        variants.
       max_attempts: redraws of one table before giving up with a RuntimeError.
     """
 
@@ -218,6 +222,7 @@ class PriorConfig:
     tables_per_subgroup: int | None = None
     cat_prob: float = 0.2
     row_multiple: int | None = None
+    train_size_multiple: int | None = None
     max_attempts: int = 1000
 
     def __post_init__(self):
@@ -264,6 +269,12 @@ class PriorConfig:
             self.row_multiple is None or self.row_multiple >= 1,
             "row_multiple",
             "None or an integer >= 1",
+        )
+        require(
+            self.train_size_multiple is None
+            or 1 <= self.train_size_multiple < self.num_rows * self.max_train_fraction,
+            "train_size_multiple",
+            "None or an integer in [1, num_rows * max_train_fraction)",
         )
         require(self.max_attempts >= 1, "max_attempts", "an integer >= 1")
 
@@ -492,7 +503,11 @@ def _sample_seq_len(rng: np.random.Generator, config: PriorConfig) -> int:
 
 
 def _sample_train_size(rng: np.random.Generator, config: PriorConfig, seq_len: int) -> int:
-    return int(seq_len * rng.uniform(config.min_train_fraction, config.max_train_fraction))
+    train_size = int(seq_len * rng.uniform(config.min_train_fraction, config.max_train_fraction))
+    multiple = config.train_size_multiple
+    if multiple is not None and multiple < seq_len:
+        train_size = max(train_size // multiple, 1) * multiple
+    return train_size
 
 
 def plan_batch(config: PriorConfig, rng: np.random.Generator) -> list[TableSpec]:
@@ -559,7 +574,11 @@ def _batch_rng(seed_or_rng: int | np.random.Generator, step: int) -> np.random.G
 
 
 def sample_batch(
-    config: PriorConfig, seed_or_rng: int | np.random.Generator, step: int = 0
+    config: PriorConfig,
+    seed_or_rng: int | np.random.Generator,
+    step: int = 0,
+    *,
+    tables: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Draws one batch of padded prior tables.
 
@@ -570,9 +589,12 @@ def sample_batch(
         ``step`` is then unused), e.g. the one ``lhc.data.iterators.IndexedIterator``
         passes.
       step: the training step.
+      tables: indices of the batch's tables to generate (None: all). The whole batch is
+        planned either way, so table ``i`` is the same whichever subset asks for it;
+        each process of a multi-host run generates only its own tables.
 
     Returns:
-      A dict of numpy arrays:
+      A dict of numpy arrays (B = the number of tables generated):
         * ``X``: float32[B, T, H]; features of table b are columns ``< num_features[b]``,
           rows ``< seq_len[b]``; the rest is 0.
         * ``y``: int32[B, T]; labels in ``[0, num_classes[b])``, ``LABEL_PAD`` (-1) in
@@ -591,6 +613,14 @@ def sample_batch(
     specs = plan_batch(config, rng)
     # Each table gets its own stream, so a table does not depend on how others drew.
     table_seeds = np.random.SeedSequence(rng.integers(0, 2**63, size=4)).spawn(len(specs))
+    if tables is not None:
+        indices = [int(i) for i in tables]
+        if not indices or min(indices) < 0 or max(indices) >= len(specs):
+            raise ValueError(
+                f"tables: expected indices in [0, {len(specs)}), got {list(tables)[:8]}"
+            )
+        specs = [specs[i] for i in indices]
+        table_seeds = [table_seeds[i] for i in indices]
     # Matrices here are small: multithreaded BLAS only adds synchronisation. Run several
     # generator processes for throughput instead.
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):

@@ -63,11 +63,10 @@ class CausalLMTask(Task):
             raise ValueError(f"config.data.name must be one of {sorted(_GENERATORS)}, got {name!r}")
         return kwargs
 
-    def _make_batch(self, rngs, index):
-        del index
+    def _make_batch(self, seed, index, rows):
         generator = _GENERATORS[self.config.data.name]
         kwargs = self._generator_kwargs()
-        return stack_rows(lambda rng: generator(rng, 1, **kwargs), rngs)
+        return stack_rows(lambda rng: generator(rng, 1, **kwargs), row_rngs(seed, index, rows))
 
     def _iterator(self, seed: int, process_index: int, process_count: int) -> IndexedIterator:
         return IndexedIterator(
@@ -79,7 +78,7 @@ class CausalLMTask(Task):
         )
 
     def batch_spec(self, batch_size):
-        example = self._make_batch(row_rngs(0, 0, [0]), 0)
+        example = self._make_batch(0, 0, range(1))
         return {
             name: jax.ShapeDtypeStruct((batch_size,) + value.shape[1:], value.dtype)
             for name, value in example.items()

@@ -40,13 +40,30 @@ def weight_decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+def frozen_labels(params, frozen: tuple[str, ...]):
+    """``"frozen"`` for parameters whose path starts with one of ``frozen``, else ``"train"``.
+
+    Paths are ``/``-joined parameter names, e.g. ``"col_embedder"`` or
+    ``"icl_predictor/decoder"``.
+    """
+    prefixes = tuple(p.strip("/") for p in frozen)
+
+    def label(path, _):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        frozen_here = any(name == p or name.startswith(p + "/") for p in prefixes)
+        return "frozen" if frozen_here else "train"
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
 def make_optimizer(
     opt_config, num_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds the optimizer named by ``opt_config.name`` (``adamw``, ``adafactor``, ``sgd``).
 
     Gradient clipping by global norm (``grad_clip_norm``; 0 disables) comes first;
-    AdamW's weight decay uses ``weight_decay_mask``.
+    AdamW's weight decay uses ``weight_decay_mask``. Parameters under the path prefixes
+    in ``opt_config.frozen`` (if present) get zero updates (``frozen_labels``).
 
     Returns:
       ``(transformation, schedule)``; the schedule is also used to log the learning rate.
@@ -71,4 +88,10 @@ def make_optimizer(
     clip = float(opt_config.get("grad_clip_norm", 0.0))
     if clip > 0:
         core = optax.chain(optax.clip_by_global_norm(clip), core)
+    frozen = tuple(opt_config.get("frozen", ()) or ())
+    if frozen:
+        core = optax.multi_transform(
+            {"train": core, "frozen": optax.set_to_zero()},
+            lambda params: frozen_labels(params, frozen),
+        )
     return core, schedule

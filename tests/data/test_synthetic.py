@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from lhc.data import IndexedIterator, associative_recall, copy_task, stack_rows
+from lhc.data import IndexedIterator, associative_recall, copy_task, row_rngs, stack_rows
 
 
 def test_associative_recall_answers_are_the_paired_values():
@@ -41,7 +41,11 @@ def test_bad_arguments():
 
 
 def test_indexed_iterator_resumes_and_splits_rows_across_processes():
-    make = lambda rngs, index: stack_rows(lambda rng: {"x": rng.integers(0, 10**6, (1, 3))}, rngs)
+    def make(seed, index, rows):
+        return stack_rows(
+            lambda rng: {"x": rng.integers(0, 10**6, (1, 3))}, row_rngs(seed, index, rows)
+        )
+
     first = IndexedIterator(make, seed=5, batch_size=4)
     seen = [next(first)["x"] for _ in range(5)]
     assert seen[0].shape == (4, 3)

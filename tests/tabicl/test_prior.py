@@ -654,3 +654,19 @@ def test_reg2cls_statistics_match_reference():
     expected = ref.standard_scaling(torch.from_numpy(expected)).numpy()
     ours = prior_reg2cls.standard_scaling(prior_reg2cls.outlier_removing(x))
     np.testing.assert_allclose(ours[:, :5], expected[:, :5], rtol=1e-3, atol=1e-3)
+
+
+def test_table_subsets_equal_the_full_batch_and_train_sizes_round():
+    config = PriorConfig(
+        batch_size=6, num_rows=64, max_features=8, max_classes=4, train_size_multiple=16,
+        prior_type="mlp_scm",
+    )
+    full = sample_batch(config, 3, 5)
+    part = sample_batch(config, 3, 5, tables=[4, 1])
+    for key in full:
+        np.testing.assert_array_equal(full[key][[4, 1]], part[key])
+    assert (full["train_size"] % 16 == 0).all() and (full["train_size"] >= 16).all()
+    with pytest.raises(ValueError, match="tables: expected indices in \\[0, 6\\)"):
+        sample_batch(config, 3, 5, tables=[6])
+    with pytest.raises(ValueError, match="train_size_multiple"):
+        PriorConfig(num_rows=64, train_size_multiple=64)

@@ -1,5 +1,6 @@
 import math
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -66,3 +67,16 @@ def test_adamw_step_matches_hand_computation_with_mask_and_clipping():
         decay = 0.5 * np.asarray(params[name]) if name == "kernel" else 0.0
         np.testing.assert_allclose(updates[name], -0.1 * (direction + decay), rtol=1e-5)
     assert weight_decay_mask(params) == {"kernel": True, "bias": False}
+
+
+def test_frozen_prefixes_get_zero_updates():
+    params = {
+        "col_embedder": {"w": jnp.ones((2, 2))},
+        "icl": {"decoder": {"w": jnp.ones((2, 2))}, "ln": {"scale": jnp.ones((2,))}},
+    }
+    grads = jax.tree.map(jnp.ones_like, params)
+    tx, _ = make_optimizer(_opt(frozen=("col_embedder", "icl/decoder"), warmup_steps=0), 10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert float(jnp.abs(updates["col_embedder"]["w"]).max()) == 0.0
+    assert float(jnp.abs(updates["icl"]["decoder"]["w"]).max()) == 0.0
+    assert float(jnp.abs(updates["icl"]["ln"]["scale"]).min()) > 0.0
