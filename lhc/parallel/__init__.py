@@ -14,6 +14,7 @@ from lhc.parallel.mesh import (
     rules_from_config,
     sharded_init,
     tree_bytes,
+    unbox,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "rules_from_config",
     "sharded_init",
     "tree_bytes",
+    "unbox",
 ]

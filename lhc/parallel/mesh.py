@@ -118,13 +118,39 @@ def _as_mesh_axes(target):
     return target
 
 
+def unbox(tree) -> Any:
+    """Removes ``nn.Partitioned`` boxes without adding sharding constraints.
+
+    Works on abstract trees outside ``jit`` (``nn.meta.unbox`` would constrain them).
+    """
+    return jax.tree.map(
+        lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.meta.AxisMetadata) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata),
+    )
+
+
 def logical_shardings(abstract_tree, mesh: Mesh, rules) -> Any:
     """NamedShardings for a tree of (possibly ``nn.Partitioned``-boxed) abstract values.
 
-    Leaves without logical names are replicated.
+    Leaves without logical names are replicated. A box around an empty pytree node
+    (optax's ``MaskedNode``, which stands in for the state of a frozen parameter) gives
+    that empty node back, so the result matches the unboxed tree's structure.
     """
-    specs = nn.get_partition_spec(abstract_tree)
-    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+    def sharding(x):
+        if isinstance(x, nn.meta.AxisMetadata):
+            value = x.unbox(apply_constraint=False)
+            if not jax.tree.leaves(value):
+                return value
+            spec = x.get_partition_spec()
+        else:
+            spec = PartitionSpec()
+        return NamedSharding(mesh, nn.logical_to_mesh_axes(spec, rules))
+
+    return jax.tree.map(
+        sharding, abstract_tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata)
+    )
 
 
 def sharded_init(init_fn, mesh: Mesh, rules, *args):
@@ -139,8 +165,8 @@ def sharded_init(init_fn, mesh: Mesh, rules, *args):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         abstract = jax.eval_shape(init_fn, *args)
         shardings = logical_shardings(abstract, mesh, rules)
-        tree = jax.jit(init_fn, out_shardings=shardings)(*args)
-    return nn.meta.unbox(tree), nn.meta.unbox(shardings)
+        tree = jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)(*args)
+    return tree, shardings
 
 
 def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:

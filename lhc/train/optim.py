@@ -5,14 +5,15 @@ from __future__ import annotations
 import jax
 import optax
 
-_SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+_SCHEDULES = ("cosine", "linear", "polynomial", "constant", "rsqrt")
 
 
 def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then ``opt_config.schedule`` decay.
 
-    ``cosine`` and ``linear`` decay to ``learning_rate * end_lr_fraction`` at
-    ``num_steps``; ``rsqrt`` decays as ``1/sqrt(step / warmup_steps)``.
+    ``cosine``, ``linear`` and ``polynomial`` (power ``decay_power``) decay to
+    ``learning_rate * end_lr_fraction`` at ``num_steps``; ``rsqrt`` decays as
+    ``1/sqrt(step / warmup_steps)``.
     """
     peak = float(opt_config.learning_rate)
     warmup = int(opt_config.get("warmup_steps", 0))
@@ -25,6 +26,9 @@ def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
         decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
     elif kind == "linear":
         decay = optax.linear_schedule(peak, end, decay_steps)
+    elif kind == "polynomial":
+        power = float(opt_config.get("decay_power", 1.0))
+        decay = optax.polynomial_schedule(peak, end, power, decay_steps)
     elif kind == "rsqrt":
         offset = max(warmup, 1)
         decay = lambda step: peak * jax.lax.rsqrt((step + offset) / offset)

@@ -79,8 +79,8 @@ class Experiment:
         rng = jax.ShapeDtypeStruct(jax.random.key_data(jax.random.key(0)).shape, jnp.uint32)
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             boxed = jax.eval_shape(self.init_fn(), rng)
-            shardings = nn.meta.unbox(parallel.logical_shardings(boxed, self.mesh, self.rules))
-        abstract = nn.meta.unbox(boxed)
+            shardings = parallel.logical_shardings(boxed, self.mesh, self.rules)
+        abstract = parallel.unbox(boxed)
         self.state_shardings = shardings
         return jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings

@@ -80,3 +80,12 @@ def test_frozen_prefixes_get_zero_updates():
     assert float(jnp.abs(updates["col_embedder"]["w"]).max()) == 0.0
     assert float(jnp.abs(updates["icl"]["decoder"]["w"]).max()) == 0.0
     assert float(jnp.abs(updates["icl"]["ln"]["scale"]).min()) > 0.0
+
+
+def test_polynomial_schedule_closed_form():
+    schedule = make_schedule(
+        _opt(schedule="polynomial", decay_power=2.0, warmup_steps=0, end_lr_fraction=0.25), 100
+    )
+    for step in [0, 30, 100]:
+        want = (1.0 - 0.25) * (1 - step / 100) ** 2 + 0.25
+        assert float(schedule(step)) == pytest.approx(want, rel=1e-5)
