@@ -17,7 +17,7 @@ The loss counts only the answers, so chance level is log(num_values) nats.
 
 import ml_collections
 
-from lhc.train.config import parse_arg
+from lhc.train.config import base_config, parse_arg
 
 _SIZES = {
     # layers, width, heads, kv heads, mlp, pairs, queries, keys, values, batch, steps, lr
@@ -35,19 +35,10 @@ def get_config(arg=None):
     ]
     seq_len = 2 * (pairs + queries) - 1
 
-    config = ml_collections.ConfigDict()
-    config.task = "causal_lm"
-    config.seed = 0
+    config = base_config("causal_lm")
     config.num_steps = 20 if arg.runlocal else steps
     config.batch_size = batch
-    config.log_every = 10
-    config.eval_every = 0
     config.eval_batches = 4
-    config.checkpoint_every = 200
-    config.max_checkpoints_to_keep = 2
-    config.async_checkpointing = True
-    config.progress_bar = True
-    config.tensorboard = True
 
     config.data = ml_collections.ConfigDict(
         dict(
@@ -93,9 +84,4 @@ def get_config(arg=None):
             grad_clip_norm=1.0,
         )
     )
-    # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
-    # --config.mesh_shape="(2,4,1)". One size may be -1.
-    config.mesh_axes = ("data", "fsdp", "tensor")
-    config.mesh_shape = (-1, 1, 1)
-    config.logical_axis_rules = None  # None: lhc.parallel.LOGICAL_AXIS_RULES
     return config

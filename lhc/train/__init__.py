@@ -1,7 +1,7 @@
 """Training: the task registry, optimizers, Orbax checkpoints, metrics and the loop."""
 
 from lhc.train.checkpoint import Checkpointer
-from lhc.train.config import apply_overrides, load_config, parse_arg
+from lhc.train.config import apply_overrides, base_config, load_config, parse_arg
 from lhc.train.metrics import MetricWriter, read_metrics
 from lhc.train.optim import make_optimizer, make_schedule
 from lhc.train.tasks import Task, get_task, register_task
@@ -21,6 +21,7 @@ __all__ = [
     "NonFiniteLossError",
     "Task",
     "apply_overrides",
+    "base_config",
     "build_experiment",
     "evaluate",
     "get_task",

@@ -12,6 +12,30 @@ import pathlib
 import ml_collections
 
 
+def base_config(task: str) -> ml_collections.ConfigDict:
+    """The run settings every experiment config starts from (one place for defaults).
+
+    Experiment configs add ``num_steps``, ``batch_size``, ``model``, ``optimizer`` and
+    their task's keys, and override what they need.
+    """
+    config = ml_collections.ConfigDict()
+    config.task = task
+    config.seed = 0
+    config.log_every = 10  # train metrics every N steps (also the non-finite check)
+    config.eval_every = 0  # 0: evaluate only at the end
+    config.checkpoint_every = 200  # also saved at the end and on a preemption signal
+    config.max_checkpoints_to_keep = 2
+    config.async_checkpointing = True
+    config.progress_bar = True
+    config.tensorboard = True
+    # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
+    # --config.mesh_shape="(2,4,1)". One size may be -1.
+    config.mesh_axes = ("data", "fsdp", "tensor")
+    config.mesh_shape = (-1, 1, 1)
+    config.logical_axis_rules = None  # None: lhc.parallel.LOGICAL_AXIS_RULES
+    return config
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     """Parses the string after the colon of ``--config file.py:arg``.
 
