@@ -1,0 +1,349 @@
+"""Benchmark: ``predict_proba`` time and peak memory of lhc against ``tabicl`` 0.1.4.
+
+Both run the same random weights (default TabICL config, every parameter perturbed),
+saved once as an official ``.ckpt`` (read by the reference) and converted to Orbax (read
+by lhc, which then never imports torch). Every measurement runs in a fresh subprocess,
+whose peak resident memory (``VmHWM``) is the memory figure; the reference runs with
+``device="cpu", use_amp=False``. Table rows are (training rows, ensemble size), with the
+ratios reference / lhc.
+
+    python -m lhc.tabicl.bench --sizes 1000,10000,50000 --n-estimators 1,8 --out bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_SIZES = (1000, 10000, 50000)
+DEFAULT_ESTIMATORS = (1, 8)
+IMPLEMENTATIONS = ("reference", "lhc")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(float(v)) for v in text.split(",") if v]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from err
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lhc bench tabicl", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--sizes",
+        type=_int_list,
+        default=list(DEFAULT_SIZES),
+        help="training rows, comma-separated (default 1000,10000,50000)",
+    )
+    parser.add_argument(
+        "--n-estimators",
+        type=_int_list,
+        default=list(DEFAULT_ESTIMATORS),
+        help="ensemble sizes, comma-separated (default 1,8)",
+    )
+    parser.add_argument("--test-rows", type=int, default=1000)
+    parser.add_argument("--features", type=int, default=20)
+    parser.add_argument("--classes", type=int, default=5)
+    parser.add_argument(
+        "--impls", default="reference,lhc", help="which implementations to run (reference,lhc)"
+    )
+    parser.add_argument(
+        "--warmup",
+        choices=("auto", "0", "1"),
+        default="auto",
+        help="an untimed first predict_proba (auto: when training rows <= 10000)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=4 * 3600,
+        help="seconds per measurement before it counts as failed",
+    )
+    parser.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=16.0,
+        help="address-space limit of each measurement process (0: none); a run over it "
+        "fails instead of pushing a shared machine into swap or the OOM killer",
+    )
+    parser.add_argument(
+        "--tiny-model",
+        action="store_true",
+        help="a small network instead of the default config (smoke tests)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--n-train", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--n-est", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser
+
+
+def _limit_memory(limit_gb: float) -> None:
+    """Caps this process's address space, so a run over it fails instead of pushing a
+    shared machine into the OOM killer."""
+    if limit_gb:
+        import resource
+
+        size = int(limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    import resource  # pragma: no cover - non-Linux
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # pragma: no cover
+
+
+def _make_data(n_train: int, n_test: int, features: int, classes: int, seed: int):
+    import numpy as np
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(
+        n_samples=n_train + n_test,
+        n_features=features,
+        n_informative=max(2, features // 2),
+        n_redundant=features // 4,
+        n_classes=classes,
+        n_clusters_per_class=1,
+        random_state=seed,
+    )
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:].astype(np.int64)
+
+
+def _worker(args) -> None:
+    """One measurement in this (fresh) process; writes a JSON result."""
+    _limit_memory(args.memory_limit_gb)
+    import numpy as np
+
+    X_train, y_train, X_test, y_test = _make_data(
+        args.n_train, args.test_rows, args.features, args.classes, args.seed
+    )
+    if args.worker == "reference":
+        from tabicl import TabICLClassifier
+
+        clf = TabICLClassifier(
+            n_estimators=args.n_est,
+            model_path=args.model,
+            allow_auto_download=False,
+            device="cpu",
+            use_amp=False,
+        )
+    else:
+        from lhc.tabicl import TabICLClassifier
+
+        clf = TabICLClassifier(n_estimators=args.n_est, model_path=args.model)
+    warmup = args.warmup == "1" or (args.warmup == "auto" and args.n_train <= 10000)
+    start = time.perf_counter()
+    clf.fit(X_train, y_train)
+    fit_s = time.perf_counter() - start
+    first_s = None
+    if warmup:
+        start = time.perf_counter()
+        clf.predict_proba(X_test)
+        first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    proba = clf.predict_proba(X_test)
+    predict_s = time.perf_counter() - start
+    np.save(args.result + ".npy", proba)
+    result = dict(
+        fit_s=fit_s,
+        first_predict_s=first_s,
+        predict_s=predict_s,
+        warm=warmup,
+        peak_rss_mb=_peak_rss_mb(),
+        accuracy=float(np.mean(np.argmax(proba, 1) == y_test)),
+        torch_imported="torch" in sys.modules,
+    )
+    with open(args.result, "w") as f:
+        json.dump(result, f)
+
+
+def _save_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
+    """A random default-config reference model as .ckpt, and its Orbax conversion."""
+    import torch
+    from tabicl import TabICL
+
+    from lhc.tabicl.checkpoint import convert_to_orbax
+
+    config = dict(
+        max_classes=10,
+        embed_dim=128,
+        col_num_blocks=3,
+        col_nhead=4,
+        col_num_inds=128,
+        row_num_blocks=3,
+        row_nhead=8,
+        row_num_cls=4,
+        row_rope_base=100000,
+        icl_num_blocks=12,
+        icl_nhead=4,
+        ff_factor=2,
+        dropout=0.0,
+        activation="gelu",
+        norm_first=True,
+    )
+    if tiny:
+        config.update(
+            embed_dim=32,
+            col_num_blocks=1,
+            col_nhead=2,
+            col_num_inds=16,
+            row_num_blocks=1,
+            row_nhead=4,
+            row_num_cls=2,
+            icl_num_blocks=2,
+            icl_nhead=2,
+        )
+    torch.manual_seed(seed)
+    model = TabICL(**config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("rope.freqs"):
+                param.add_(0.02 * torch.randn_like(param))
+    ckpt = directory / "random.ckpt"
+    torch.save({"config": config, "state_dict": model.state_dict()}, ckpt)
+    orbax_dir = convert_to_orbax(ckpt, directory / "random_orbax")
+    return ckpt, orbax_dir
+
+
+def _format_table(rows: list[dict]) -> str:
+    header = (
+        f"{'train rows':>10} {'n_est':>5} | {'ref s':>9} {'lhc s':>9} {'ref/lhc':>7} | "
+        f"{'ref MB':>8} {'lhc MB':>8} {'ref/lhc':>7} | {'max|dp|':>8}"
+    )
+    lines = [header, "-" * len(header)]
+
+    def num(value, fmt):
+        return format(value, fmt) if isinstance(value, (int, float)) else str(value)
+
+    for row in rows:
+        ref, lhc = row.get("reference", {}), row.get("lhc", {})
+        lines.append(
+            f"{row['n_train']:>10} {row['n_estimators']:>5} | "
+            f"{num(ref.get('predict_s', 'fail'), '9.2f'):>9} "
+            f"{num(lhc.get('predict_s', 'fail'), '9.2f'):>9} "
+            f"{num(row.get('time_ratio', '-'), '7.2f'):>7} | "
+            f"{num(ref.get('peak_rss_mb', 'fail'), '8.0f'):>8} "
+            f"{num(lhc.get('peak_rss_mb', 'fail'), '8.0f'):>8} "
+            f"{num(row.get('memory_ratio', '-'), '7.2f'):>7} | "
+            f"{num(row.get('max_abs_proba_diff', '-'), '8.1e'):>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs the benchmark; prints the table and returns (and optionally writes) the results."""
+    args = _parser().parse_args(argv)
+    if args.worker:
+        _worker(args)
+        return {}
+    import numpy as np
+
+    impls = [i for i in args.impls.split(",") if i]
+    for impl in impls:
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"--impls entries must be in {IMPLEMENTATIONS}, got {impl!r}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lhc_tabicl_bench_") as tmp:
+        tmp = Path(tmp)
+        ckpt, orbax_dir = _save_models(tmp, args.tiny_model, args.seed)
+        env = dict(os.environ)
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        for n_train in args.sizes:
+            for n_est in args.n_estimators:
+                row = {"n_train": n_train, "n_estimators": n_est}
+                for impl in impls:
+                    result_file = tmp / f"{impl}_{n_train}_{n_est}.json"
+                    command = [
+                        sys.executable,
+                        "-m",
+                        "lhc.tabicl.bench",
+                        "--worker",
+                        impl,
+                        "--model",
+                        str(ckpt if impl == "reference" else orbax_dir),
+                        "--n-train",
+                        str(n_train),
+                        "--n-est",
+                        str(n_est),
+                        "--test-rows",
+                        str(args.test_rows),
+                        "--features",
+                        str(args.features),
+                        "--classes",
+                        str(args.classes),
+                        "--warmup",
+                        args.warmup,
+                        "--seed",
+                        str(args.seed),
+                        "--memory-limit-gb",
+                        str(args.memory_limit_gb),
+                        "--result",
+                        str(result_file),
+                    ]
+                    start = time.perf_counter()
+                    try:
+                        proc = subprocess.run(
+                            command,
+                            env=env,
+                            capture_output=True,
+                            text=True,
+                            timeout=args.timeout,
+                        )
+                        returncode, stderr = proc.returncode, proc.stderr
+                    except subprocess.TimeoutExpired:
+                        returncode, stderr = "timeout", ""
+                    if returncode == 0 and result_file.exists():
+                        row[impl] = json.loads(result_file.read_text())
+                        row[impl]["process_s"] = time.perf_counter() - start
+                    else:
+                        row[impl] = {"error": f"exit {returncode}", "stderr": stderr[-2000:]}
+                ref, lhc = row.get("reference", {}), row.get("lhc", {})
+                if "predict_s" in ref and "predict_s" in lhc:
+                    row["time_ratio"] = ref["predict_s"] / lhc["predict_s"]
+                    row["memory_ratio"] = ref["peak_rss_mb"] / lhc["peak_rss_mb"]
+                    p_ref = np.load(tmp / f"reference_{n_train}_{n_est}.json.npy")
+                    p_lhc = np.load(tmp / f"lhc_{n_train}_{n_est}.json.npy")
+                    row["max_abs_proba_diff"] = float(np.abs(p_ref - p_lhc).max())
+                rows.append(row)
+                print(
+                    _format_table(rows[-1:]).splitlines()[-1]
+                    if len(rows) > 1
+                    else _format_table(rows),
+                    flush=True,
+                )
+    results = {
+        "command": "python -m lhc.tabicl.bench "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "settings": {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("worker", "model", "n_train", "n_est", "result")
+        },
+        "rows": rows,
+    }
+    print()
+    print(_format_table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""TabICL pretraining on the synthetic prior, as a task of ``lhc train``.
+
+Each step draws a batch of prior tables (``lhc.tabicl.prior``); the network sees the
+first ``N`` rows of every table with their labels and predicts the labels of the other
+rows; the loss is cross-entropy over all ``max_classes`` logits, as in the reference
+pretraining. All tables of a batch share ``N`` (the reference's rule), which the prior
+rounds to a multiple of ``train_size_multiple`` so the jitted step compiles only a few
+shapes: the batch carries ``y_train: [B, N]`` and ``y_test: [B, T - N]`` so ``N`` is a
+shape, not a value.
+
+Evaluation draws held-out prior tables and reports the network's accuracy beside a
+logistic regression fitted on each table's training rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc.data.iterators import IndexedIterator
+from lhc.parallel import global_batch
+from lhc.tabicl import prior as prior_lib
+from lhc.tabicl.model import TabICL, TabICLConfig
+from lhc.train.tasks import Task, register_task
+
+_EVAL_SEED_OFFSET = 7_919_113  # a data stream disjoint from training
+
+
+def prior_config_from(config) -> prior_lib.PriorConfig:
+    """``PriorConfig`` from ``config.prior`` with ``batch_size = config.batch_size``."""
+    fields = dict(config.prior)
+    for key, value in fields.items():
+        if isinstance(value, list):
+            fields[key] = tuple(value)
+    try:
+        return prior_lib.PriorConfig(batch_size=int(config.batch_size), **fields)
+    except TypeError as error:
+        raise ValueError(f"config.prior: {error}") from error
+
+
+def _split(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Prior batch -> model inputs with the shared train size as a shape."""
+    train_sizes = np.unique(batch["train_size"])
+    if len(train_sizes) != 1:
+        raise ValueError(
+            f"tables of a pretraining batch must share their train size, got {train_sizes}"
+        )
+    num_train = int(train_sizes[0])
+    num_features = batch["num_features"]
+    feature_mask = np.arange(batch["X"].shape[2])[None, :] < num_features[:, None]
+    return {
+        "X": batch["X"],
+        "y_train": batch["y"][:, :num_train],
+        "y_test": batch["y"][:, num_train:],  # LABEL_PAD (-1) marks padded rows
+        "feature_mask": feature_mask,
+        "num_classes": batch["num_classes"],
+    }
+
+
+def masked_cross_entropy(logits, labels):
+    """Mean cross-entropy and accuracy over rows with a label >= 0.
+
+    Args:
+      logits: float32[B, Q, C].
+      labels: int32[B, Q]; negative marks padding.
+
+    Returns:
+      ``(loss, accuracy, num_rows)``.
+    """
+    valid = labels >= 0
+    safe = jnp.where(valid, labels, 0)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, safe[..., None], axis=-1)[..., 0]
+    count = jnp.maximum(valid.sum(), 1)
+    loss = jnp.where(valid, nll, 0.0).sum() / count
+    correct = (jnp.argmax(logits, axis=-1) == labels) & valid
+    return loss, correct.sum() / count, valid.sum()
+
+
+@register_task("tabicl_pretrain")
+class PretrainTask(Task):
+    """Pretrains ``lhc.tabicl.TabICL`` on prior tables.
+
+    Config keys used: ``model`` (``TabICLConfig`` fields), ``prior`` (``PriorConfig``
+    fields except ``batch_size``), ``batch_size``, ``seed``, ``eval_tables``; the
+    optimizer's ``frozen`` list freezes stages (``col_embedder``, ``row_interactor``)
+    as in the reference's third curriculum stage.
+    """
+
+    def make_model(self):
+        fields = dict(self.config.model)
+        try:
+            model_config = TabICLConfig(**fields)
+        except TypeError as error:
+            raise ValueError(f"config.model: {error}") from error
+        self.prior_config = prior_config_from(self.config)
+        if self.prior_config.max_classes > model_config.max_classes:
+            raise ValueError(
+                f"config.prior.max_classes ({self.prior_config.max_classes}) exceeds "
+                f"config.model.max_classes ({model_config.max_classes})"
+            )
+        return TabICL(model_config)
+
+    def _make_batch(self, seed, index, rows, prior_config=None):
+        prior_config = prior_config or self.prior_config
+        return _split(prior_lib.sample_batch(prior_config, seed, index, tables=rows))
+
+    def batch_spec(self, batch_size):
+        prior = self.prior_config
+        rows, features = prior.num_rows, prior.max_features
+        num_train = rows // 2
+        return {
+            "X": jax.ShapeDtypeStruct((batch_size, rows, features), jnp.float32),
+            "y_train": jax.ShapeDtypeStruct((batch_size, num_train), jnp.int32),
+            "y_test": jax.ShapeDtypeStruct((batch_size, rows - num_train), jnp.int32),
+            "feature_mask": jax.ShapeDtypeStruct((batch_size, features), jnp.bool_),
+            "num_classes": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+        }
+
+    def init_params(self, rng):
+        X = jnp.zeros((1, 3, self.prior_config.max_features), jnp.float32)
+        y_train = jnp.zeros((1, 2), jnp.int32)
+        return self.model.init(rng, X, y_train)["params"]
+
+    def train_iterator(self, process_index, process_count):
+        return IndexedIterator(
+            self._make_batch,
+            seed=int(self.config.seed),
+            batch_size=int(self.config.batch_size),
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def _logits(self, params, batch, rng=None):
+        deterministic = rng is None or float(self.model.config.dropout) == 0.0
+        return self.model.apply(
+            {"params": params},
+            batch["X"],
+            batch["y_train"],
+            feature_mask=batch["feature_mask"],
+            deterministic=deterministic,
+            rngs=None if deterministic else {"dropout": rng},
+        )
+
+    def loss(self, params, batch, rng):
+        logits = self._logits(params, batch, rng)
+        loss, accuracy, _ = masked_cross_entropy(logits, batch["y_test"])
+        return loss, {"accuracy": accuracy}
+
+    def _eval_metrics(self, params, batch):
+        """Loss over all classes; accuracy among each table's own classes (as at inference)."""
+        logits = self._logits(params, batch)
+        loss, _, count = masked_cross_entropy(logits, batch["y_test"])
+        classes = jnp.arange(logits.shape[-1])
+        own = classes[None, None, :] < batch["num_classes"][:, None, None]
+        restricted = jnp.where(own, logits, -jnp.inf)
+        _, accuracy, _ = masked_cross_entropy(restricted, batch["y_test"])
+        return loss, accuracy, count
+
+    def evaluate(self, params):
+        """Accuracy on ``config.eval_tables`` held-out prior tables vs logistic regression."""
+        num_tables = int(self.config.eval_tables)
+        eval_prior = dataclasses.replace(self.prior_config, batch_size=num_tables)
+        seed = int(self.config.seed) + _EVAL_SEED_OFFSET
+        process_count = jax.process_count()
+        if num_tables % process_count:
+            raise ValueError(
+                f"config.eval_tables ({num_tables}) must be divisible by the number of "
+                f"processes ({process_count})"
+            )
+        local = num_tables // process_count
+        rows = range(jax.process_index() * local, (jax.process_index() + 1) * local)
+        batch = global_batch(self._make_batch(seed, 0, rows, eval_prior), self.mesh, self.rules)
+        loss, accuracy, _ = jax.device_get(jax.jit(self._eval_metrics)(params, batch))
+        full = prior_lib.sample_batch(eval_prior, seed, 0)
+        return {
+            "eval/loss": float(loss),
+            "eval/accuracy": float(accuracy),
+            "eval/logreg_accuracy": logistic_regression_accuracy(full),
+            "eval/majority_accuracy": majority_class_accuracy(full),
+        }
+
+
+def majority_class_accuracy(batch: dict[str, np.ndarray]) -> float:
+    """Test-row accuracy of predicting each table's most frequent training label."""
+    correct = total = 0
+    for b in range(batch["X"].shape[0]):
+        num_train, seq_len = int(batch["train_size"][b]), int(batch["seq_len"][b])
+        majority = np.bincount(batch["y"][b, :num_train]).argmax()
+        correct += int((batch["y"][b, num_train:seq_len] == majority).sum())
+        total += seq_len - num_train
+    return correct / max(total, 1)
+
+
+def logistic_regression_accuracy(batch: dict[str, np.ndarray]) -> float:
+    """Test-row accuracy of a logistic regression fitted on each table's training rows.
+
+    Pools the test rows of all tables (each table weighs by its number of test rows),
+    the same averaging as the network's ``eval/accuracy``.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    correct = total = 0
+    for b in range(batch["X"].shape[0]):
+        num_train, seq_len = int(batch["train_size"][b]), int(batch["seq_len"][b])
+        features = int(batch["num_features"][b])
+        X = batch["X"][b, :seq_len, :features]
+        y = batch["y"][b, :seq_len]
+        scaler = StandardScaler().fit(X[:num_train])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convergence warnings on tiny tables
+            model = LogisticRegression(max_iter=1000).fit(scaler.transform(X[:num_train]), y[:num_train])
+        predictions = model.predict(scaler.transform(X[num_train:]))
+        correct += int((predictions == y[num_train:]).sum())
+        total += seq_len - num_train
+    return correct / max(total, 1)

@@ -1,0 +1,46 @@
+"""The benchmark command end to end on a tiny network (two fresh processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+def test_bench_runs_both_implementations(tmp_path, capsys):
+    pytest.importorskip("tabicl")
+    from lhc.tabicl.bench import main
+
+    out = tmp_path / "bench.json"
+    results = main(
+        [
+            "--sizes",
+            "40",
+            "--n-estimators",
+            "1",
+            "--test-rows",
+            "12",
+            "--features",
+            "4",
+            "--classes",
+            "3",
+            "--tiny-model",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
+    (row,) = results["rows"]
+    assert (row["n_train"], row["n_estimators"]) == (40, 1)
+    for impl in ("reference", "lhc"):
+        assert row[impl]["predict_s"] > 0 and row[impl]["peak_rss_mb"] > 0, row[impl]
+    # lhc reads the Orbax conversion and never imports torch.
+    assert row["lhc"]["torch_imported"] is False and row["reference"]["torch_imported"] is True
+    # One member, no shuffles or offsets differ: the same probabilities.
+    assert row["max_abs_proba_diff"] < 1e-4
+    assert row["time_ratio"] > 0 and row["memory_ratio"] > 0
+    assert json.loads(out.read_text())["rows"][0]["n_train"] == 40
+    assert "ref/lhc" in capsys.readouterr().out
