@@ -1,8 +1,9 @@
 """TabICL (ICML 2025): tabular in-context learning in JAX/Flax.
 
 The network (``TabICL``, ``TabICLConfig``), official checkpoints (``load_checkpoint``,
-Orbax conversion), memory-bounded inference (``predict_logits``) and the scikit-learn
-classifier (``TabICLClassifier``).
+Orbax conversion), memory-bounded inference (``predict_logits``), the scikit-learn
+classifier (``TabICLClassifier``), and the synthetic prior (``PriorConfig``,
+``sample_batch``, the curriculum) that the ``tabicl_pretrain`` task trains on.
 """
 
 from lhc.tabicl.checkpoint import (
@@ -17,20 +18,34 @@ from lhc.tabicl.checkpoint import (
 from lhc.tabicl.classifier import TabICLClassifier
 from lhc.tabicl.inference import plan_chunks, predict_logits
 from lhc.tabicl.model import TabICL, TabICLConfig, abstract_params, init_params
+from lhc.tabicl.prior import (
+    LABEL_PAD,
+    CurriculumStage,
+    PriorConfig,
+    curriculum_stage,
+    iterate_batches,
+    sample_batch,
+)
 
 __all__ = [
+    "LABEL_PAD",
+    "CurriculumStage",
+    "PriorConfig",
     "TabICL",
     "TabICLClassifier",
     "TabICLConfig",
     "abstract_params",
     "convert_to_orbax",
+    "curriculum_stage",
     "init_params",
+    "iterate_batches",
     "load_checkpoint",
     "load_model",
     "load_orbax",
     "params_to_state_dict",
     "plan_chunks",
     "predict_logits",
+    "sample_batch",
     "save_orbax",
     "state_dict_to_params",
 ]

@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES, batch_sharding
-from lhc.tabicl.model import SKIP_VALUE, TabICL, TabICLConfig
+from lhc.tabicl.model import SKIP_VALUE, AttentionBlock, TabICL, TabICLConfig, icl_block
 
 DEFAULT_MEMORY_BUDGET_MB = 512
 # The reference's class hierarchy always uses this temperature inside the tree.
@@ -111,22 +111,25 @@ def plan_chunks(
 
 
 def _map_chunks(fn, x: jax.Array, chunk: int, axis: int) -> jax.Array:
-    """``fn`` over chunks of ``x`` along ``axis`` (zero-padded), with a sequential loop.
+    """``fn`` over chunks of ``chunk`` entries of ``x`` along ``axis``, one after another.
 
-    ``fn`` must keep ``axis`` as the chunk axis of its (single-array) output.
+    ``fn`` must keep ``axis`` as the chunk axis of its (single-array) output. Chunks are
+    read and written in place inside a loop (no padded or transposed copies of ``x``);
+    the last chunk is shifted back to end at the last entry, so a few entries are
+    computed twice, to the same values.
     """
     size = x.shape[axis]
     if size <= chunk:
         return fn(x)
-    num = -(-size // chunk)
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, num * chunk - size)
-    x = jnp.pad(x, pad)
-    x = x.reshape(*x.shape[:axis], num, chunk, *x.shape[axis + 1 :])
-    out = jax.lax.map(fn, jnp.moveaxis(x, axis, 0))
-    out = jnp.moveaxis(out, 0, axis)
-    out = out.reshape(*out.shape[:axis], num * chunk, *out.shape[axis + 2 :])
-    return jax.lax.slice_in_dim(out, 0, size, axis=axis)
+    piece = jax.eval_shape(fn, jax.lax.slice_in_dim(x, 0, chunk, axis=axis))
+    out_shape = (*piece.shape[:axis], size, *piece.shape[axis + 1 :])
+
+    def body(index, out):
+        start = jnp.minimum(index * chunk, size - chunk)
+        part = fn(jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=axis))
+        return jax.lax.dynamic_update_slice_in_dim(out, part, start, axis=axis)
+
+    return jax.lax.fori_loop(0, -(-size // chunk), body, jnp.zeros(out_shape, piece.dtype))
 
 
 def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
@@ -212,23 +215,41 @@ def icl_logits(
     Returns:
         float32 ``[B, M, max_classes]``.
     """
-    apply = functools.partial(model.apply, {"params": params})
     num_train = y_train.shape[1]
     key_mask = train_mask if train_mask.ndim == 1 else train_mask[:, None, :]
-    h = apply(representations, y_train, method=TabICL.icl_add_labels)
+    h = model.apply({"params": params}, representations, y_train, method=TabICL.icl_add_labels)
+    block = icl_block(model.config, model.dtype, model.param_dtype)
+    blocks = params["icl_predictor"]
     num_blocks = model.config.icl_num_blocks
-    for layer in range(num_blocks):
-        key, value = apply(h[:, :num_train], layer, method=TabICL.icl_key_value)
-        queries = h if layer < num_blocks - 1 else h[:, num_train:]
 
-        def step(rows, key=key, value=value, layer=layer):
-            out = apply(rows, key, value, key_mask, layer, method=TabICL.icl_attend)
+    def run_block(h, block_params, first_query):
+        key, value = block.apply(
+            {"params": block_params}, h[:, :num_train], method=AttentionBlock.key_value
+        )
+
+        def step(rows):
+            out = block.apply(
+                {"params": block_params}, rows, key, value, key_mask, method=AttentionBlock.attend
+            )
             return _constrain(out, member_sharding)
 
-        h = _constrain(_map_chunks(step, queries, query_chunk, axis=1), member_sharding)
+        return _constrain(
+            _map_chunks(step, h[:, first_query:], query_chunk, axis=1), member_sharding
+        )
+
+    if num_blocks > 1:
+        # One loop over the blocks keeps a fixed number of [B, T, D] buffers alive; an
+        # unrolled Python loop made XLA keep one per block.
+        stacked = jax.tree.map(
+            lambda *leaves: jnp.stack(leaves),
+            *(blocks[f"blocks_{i}"] for i in range(num_blocks - 1)),
+        )
+        h, _ = jax.lax.scan(lambda h, p: (run_block(h, p, 0), None), h, stacked)
+    # The training rows' last-block outputs feed nothing: only the test rows go through.
+    h = run_block(h, blocks[f"blocks_{num_blocks - 1}"], num_train)
 
     def decode(rows):
-        return apply(rows, method=TabICL.icl_decode)
+        return model.apply({"params": params}, rows, method=TabICL.icl_decode)
 
     return _constrain(_map_chunks(decode, h, query_chunk, axis=1), member_sharding)
 

@@ -765,6 +765,27 @@ class LabelEmbedding(nn.Module):
         return jnp.take(kernel, labels.astype(jnp.int32), axis=0) + bias
 
 
+def _icl_block_kwargs(config: TabICLConfig) -> dict:
+    width = config.icl_dim
+    return dict(
+        embed_dim=width,
+        num_heads=config.icl_nhead,
+        ffn_dim=width * config.ff_factor,
+        dropout_rate=config.dropout,
+        activation=config.activation,
+        norm_first=config.norm_first,
+    )
+
+
+def icl_block(config: TabICLConfig, dtype=jnp.float32, param_dtype=jnp.float32) -> AttentionBlock:
+    """An unbound ICL block, to apply with ``params["icl_predictor"]["blocks_<i>"]``.
+
+    The chunked inference runs the ICL blocks in a ``lax.scan`` over their stacked
+    parameters, which needs the block outside of ``TabICL``.
+    """
+    return AttentionBlock(**_icl_block_kwargs(config), dtype=dtype, param_dtype=param_dtype)
+
+
 class ICLearning(nn.Module):
     """In-context learning over rows: every row attends to the labelled training rows."""
 
@@ -779,15 +800,7 @@ class ICLearning(nn.Module):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         self.y_encoder = LabelEmbedding(cfg.max_classes, width, self.param_dtype)
         self.blocks = [
-            _block_class(self.remat_policy)(
-                embed_dim=width,
-                num_heads=cfg.icl_nhead,
-                ffn_dim=width * cfg.ff_factor,
-                dropout_rate=cfg.dropout,
-                activation=cfg.activation,
-                norm_first=cfg.norm_first,
-                **kw,
-            )
+            _block_class(self.remat_policy)(**_icl_block_kwargs(cfg), **kw)
             for _ in range(cfg.icl_num_blocks)
         ]
         if cfg.norm_first:
@@ -989,21 +1002,6 @@ class TabICL(nn.Module):
     def icl_add_labels(self, representations: jax.Array, y_train: jax.Array) -> jax.Array:
         """``[B, T, D]`` plus label embeddings on the first N = ``y_train.shape[-1]`` rows."""
         return self.icl_predictor.add_labels(representations, y_train)
-
-    def icl_key_value(self, h_train: jax.Array, layer: int) -> tuple[jax.Array, jax.Array]:
-        """Keys and values of ICL block ``layer``: ``[B, N, D] -> 2 x [B, n, N, h]``."""
-        return self.icl_predictor.blocks[layer].key_value(h_train)
-
-    def icl_attend(
-        self,
-        h: jax.Array,
-        key: jax.Array,
-        value: jax.Array,
-        train_mask: jax.Array | None,
-        layer: int,
-    ) -> jax.Array:
-        """ICL block ``layer`` for some query rows: ``[B, Q, D] -> [B, Q, D]``."""
-        return self.icl_predictor.blocks[layer].attend(h, key, value, train_mask)
 
     def icl_decode(self, h: jax.Array) -> jax.Array:
         """``[B, Q, D] -> float32 [B, Q, max_classes]``."""

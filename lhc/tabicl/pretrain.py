@@ -182,6 +182,7 @@ class PretrainTask(Task):
             "eval/accuracy": float(accuracy),
             "eval/logreg_accuracy": logistic_regression_accuracy(full),
             "eval/majority_accuracy": majority_class_accuracy(full),
+            "eval/class_frequency_loss": class_frequency_loss(full),
         }
 
 
@@ -194,6 +195,24 @@ def majority_class_accuracy(batch: dict[str, np.ndarray]) -> float:
         correct += int((batch["y"][b, num_train:seq_len] == majority).sum())
         total += seq_len - num_train
     return correct / max(total, 1)
+
+
+def class_frequency_loss(batch: dict[str, np.ndarray]) -> float:
+    """Cross-entropy of predicting each table's training-label frequencies for every test row.
+
+    The loss a model reaches by counting labels and ignoring the features; the network's
+    ``eval/loss`` below it means it reads the features. Counts are add-one smoothed, so a
+    class absent from the training rows costs a finite amount.
+    """
+    total_nll = total = 0.0
+    for b in range(batch["X"].shape[0]):
+        num_train, seq_len = int(batch["train_size"][b]), int(batch["seq_len"][b])
+        counts = np.bincount(batch["y"][b, :num_train], minlength=int(batch["num_classes"][b]))
+        probs = (counts + 1) / (counts.sum() + len(counts))
+        test = batch["y"][b, num_train:seq_len]
+        total_nll += float(-np.log(probs[test]).sum())
+        total += len(test)
+    return total_nll / max(total, 1)
 
 
 def logistic_regression_accuracy(batch: dict[str, np.ndarray]) -> float:
@@ -214,7 +233,9 @@ def logistic_regression_accuracy(batch: dict[str, np.ndarray]) -> float:
         scaler = StandardScaler().fit(X[:num_train])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # convergence warnings on tiny tables
-            model = LogisticRegression(max_iter=1000).fit(scaler.transform(X[:num_train]), y[:num_train])
+            model = LogisticRegression(max_iter=1000).fit(
+                scaler.transform(X[:num_train]), y[:num_train]
+            )
         predictions = model.predict(scaler.transform(X[num_train:]))
         correct += int((predictions == y[num_train:]).sum())
         total += seq_len - num_train

@@ -658,7 +658,11 @@ def test_reg2cls_statistics_match_reference():
 
 def test_table_subsets_equal_the_full_batch_and_train_sizes_round():
     config = PriorConfig(
-        batch_size=6, num_rows=64, max_features=8, max_classes=4, train_size_multiple=16,
+        batch_size=6,
+        num_rows=64,
+        max_features=8,
+        max_classes=4,
+        train_size_multiple=16,
         prior_type="mlp_scm",
     )
     full = sample_batch(config, 3, 5)

@@ -53,6 +53,10 @@ def test_baselines_on_a_separable_table():
         "num_features": np.array([1]),
     }
     assert pretrain.majority_class_accuracy(batch) == pytest.approx(2 / 5)
+    batch["num_classes"] = np.array([2])
+    # training counts 4 and 3, add-one smoothed: 5/9 and 4/9; test labels 0 1 0 1 1
+    want = -(2 * np.log(5 / 9) + 3 * np.log(4 / 9)) / 5
+    assert pretrain.class_frequency_loss(batch) == pytest.approx(want)
     assert pretrain.logistic_regression_accuracy(batch) == 1.0
 
 
@@ -62,6 +66,7 @@ def test_short_pretraining_runs_and_freezing_holds(tmp_path):
         FAST + ["optimizer.frozen=('col_embedder', 'row_interactor')"],
     )
     summary = train.train_and_evaluate(config, str(tmp_path))
+    assert summary["eval/class_frequency_loss"] > 0
     for key in ("eval/accuracy", "eval/logreg_accuracy", "eval/majority_accuracy"):
         assert 0.0 <= summary[key] <= 1.0
     assert np.isfinite(summary["train/loss"])
@@ -71,8 +76,11 @@ def test_short_pretraining_runs_and_freezing_holds(tmp_path):
     for name in ("col_embedder", "row_interactor"):
         jax.tree.map(np.testing.assert_array_equal, initial[name], params[name])
     moved = jax.tree.leaves(
-        jax.tree.map(lambda a, b: float(np.abs(a - b).max()), initial["icl_predictor"],
-                     params["icl_predictor"])
+        jax.tree.map(
+            lambda a, b: float(np.abs(a - b).max()),
+            initial["icl_predictor"],
+            params["icl_predictor"],
+        )
     )
     assert max(moved) > 0
 
