@@ -152,14 +152,18 @@ class PretrainTask(Task):
         return loss, {"accuracy": accuracy}
 
     def _eval_metrics(self, params, batch):
-        """Loss over all classes; accuracy among each table's own classes (as at inference)."""
+        """Loss over all classes, and loss and accuracy among each table's own classes.
+
+        Inference (``TabICLClassifier``) keeps only a table's own classes; the own-class
+        loss is the one to compare with ``class_frequency_loss``.
+        """
         logits = self._logits(params, batch)
-        loss, _, count = masked_cross_entropy(logits, batch["y_test"])
+        loss, _, _ = masked_cross_entropy(logits, batch["y_test"])
         classes = jnp.arange(logits.shape[-1])
         own = classes[None, None, :] < batch["num_classes"][:, None, None]
         restricted = jnp.where(own, logits, -jnp.inf)
-        _, accuracy, _ = masked_cross_entropy(restricted, batch["y_test"])
-        return loss, accuracy, count
+        own_loss, accuracy, _ = masked_cross_entropy(restricted, batch["y_test"])
+        return loss, own_loss, accuracy
 
     def evaluate(self, params):
         """Accuracy on ``config.eval_tables`` held-out prior tables vs logistic regression."""
@@ -175,10 +179,11 @@ class PretrainTask(Task):
         local = num_tables // process_count
         rows = range(jax.process_index() * local, (jax.process_index() + 1) * local)
         batch = global_batch(self._make_batch(seed, 0, rows, eval_prior), self.mesh, self.rules)
-        loss, accuracy, _ = jax.device_get(jax.jit(self._eval_metrics)(params, batch))
+        loss, own_loss, accuracy = jax.device_get(jax.jit(self._eval_metrics)(params, batch))
         full = prior_lib.sample_batch(eval_prior, seed, 0)
         return {
             "eval/loss": float(loss),
+            "eval/loss_own_classes": float(own_loss),
             "eval/accuracy": float(accuracy),
             "eval/logreg_accuracy": logistic_regression_accuracy(full),
             "eval/majority_accuracy": majority_class_accuracy(full),

@@ -67,6 +67,8 @@ def test_short_pretraining_runs_and_freezing_holds(tmp_path):
     )
     summary = train.train_and_evaluate(config, str(tmp_path))
     assert summary["eval/class_frequency_loss"] > 0
+    # a softmax over a subset that holds the label gives it more mass, row by row
+    assert summary["eval/loss_own_classes"] <= summary["eval/loss"] + 1e-6
     for key in ("eval/accuracy", "eval/logreg_accuracy", "eval/majority_accuracy"):
         assert 0.0 <= summary[key] <= 1.0
     assert np.isfinite(summary["train/loss"])
