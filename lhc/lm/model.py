@@ -199,7 +199,8 @@ class Transformer(nn.Module):
         Raises:
             ValueError: malformed shapes, ``T > max_len``, or (with concrete values) a
                 cache that would overflow, token ids outside the vocabulary, positions
-                ``>= max_len``.
+                ``>= max_len``. Under ``jit``, where lengths are not known, a sequence
+                that overflows its cache gets NaN logits.
         """
         cfg = self.config
         _check_inputs(cfg, tokens, positions, cache)
@@ -260,6 +261,11 @@ class Transformer(nn.Module):
 
         if cache is None:
             return logits, None
+        # Under jit the overflow check above cannot see the lengths, and the slot writes
+        # would clamp onto the last slots. A sequence that overflowed gets NaN logits
+        # instead of silently wrong ones.
+        overflow = cache.lengths + tokens.shape[1] > cache.capacity
+        logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
         new_cache = KVCache(
             keys=layer_caches[0],
             values=layer_caches[1],

@@ -270,6 +270,19 @@ def test_input_validation_errors():
         apply(_tokens(config, 2, 2), _positions(2, 2), cache)
 
 
+def test_cache_overflow_under_jit_gives_nan_logits_for_that_sequence():
+    config = CONFIGS["gqa"].replace(max_len=16)
+    params = _random_params(config)
+    model = lm.Transformer(config)
+    apply = jax.jit(lambda *args: model.apply({"params": params}, *args))
+    # sequence 0 has room for 3 more tokens, sequence 1 has 2
+    cache = model.init_cache(2, 8).replace(lengths=jnp.array([5, 6], jnp.int32))
+    positions = jnp.array([[5, 6, 7], [6, 7, 8]], jnp.int32)
+    logits, _ = apply(_tokens(config, 2, 3), positions, cache)
+    assert np.isfinite(np.asarray(logits[0])).all()
+    assert np.isnan(np.asarray(logits[1])).all()
+
+
 def test_config_validation_and_presets():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         lm.LMConfig.tiny(num_heads=4, num_kv_heads=3)
