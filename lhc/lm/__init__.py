@@ -1,4 +1,5 @@
-"""Decoder-only LM family (Llama / Qwen2 layout): config, model, KV cache, generation.
+"""Decoder-only LM family (Llama / Qwen2 layout): config, model, KV cache, generation,
+speculative decoding.
 
 The causal-LM protocol is described in ``lhc.lm.model``; the cache layout and the
 padding convention in ``lhc.lm.cache``; Hugging Face checkpoints in ``lhc.lm.hf``.
@@ -26,6 +27,7 @@ from lhc.lm.sampling import (
     top_k_mask,
     top_p_mask,
 )
+from lhc.lm.speculative import SpeculativeOutput, speculative_generate, verify_drafts
 from lhc.lm.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
@@ -56,6 +58,10 @@ __all__ = [
     "sample_tokens",
     "top_k_mask",
     "top_p_mask",
+    # Speculative decoding.
+    "SpeculativeOutput",
+    "speculative_generate",
+    "verify_drafts",
     # Tokenizers.
     "ByteTokenizer",
     "HFTokenizer",
