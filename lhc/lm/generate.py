@@ -79,6 +79,52 @@ def left_pad(
     return tokens, lengths
 
 
+def prepare_prompts(
+    prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray,
+    prompt_lengths: jax.Array | np.ndarray | None,
+    pad_id: int,
+    vocab_size: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Validated left-padded prompts: ``(tokens int32 [B, P], lengths int32 [B])``.
+
+    Args:
+        prompts: B token lists, or a left-padded int ``[B, P]`` array.
+        prompt_lengths: int ``[B]`` real lengths of a padded array (default: all ``P``).
+        pad_id: filler for token lists.
+        vocab_size: token ids must lie in ``[0, vocab_size)`` (unchecked if None).
+
+    Raises:
+        ValueError: a prompt array that is not 2-D, lengths outside ``[1, P]``, lengths
+            given with token lists, token ids outside the vocabulary.
+    """
+    if isinstance(prompts, (jax.Array, np.ndarray)):
+        tokens = np.asarray(prompts)
+        if tokens.ndim != 2:
+            raise ValueError(
+                f"prompts must be int [B, P] or a list of token lists, got {tokens.shape=}"
+            )
+        lengths = (
+            np.full(tokens.shape[0], tokens.shape[1], np.int32)
+            if prompt_lengths is None
+            else np.asarray(prompt_lengths)
+        )
+    else:
+        if prompt_lengths is not None:
+            raise ValueError("prompt_lengths applies to a padded array, not to token lists")
+        tokens, lengths = left_pad(prompts, pad_id)
+    batch_size, width = tokens.shape
+    if lengths.shape != (batch_size,) or (lengths < 1).any() or (lengths > width).any():
+        raise ValueError(
+            f"prompt_lengths must be [B={batch_size}] values in [1, {width}], got {lengths.tolist()}"
+        )
+    if vocab_size is not None and tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(
+            f"prompt token ids must lie in [0, vocab_size={vocab_size}); got min {tokens.min()} "
+            f"max {tokens.max()}"
+        )
+    return tokens.astype(np.int32), lengths.astype(np.int32)
+
+
 def left_padded_positions(prompt_lengths: jax.Array, width: int) -> jax.Array:
     """int32 ``[B, P]`` positions of left-padded prompts, ``-1`` on the padding."""
     offsets = jnp.arange(width, dtype=jnp.int32)[None, :] - (width - prompt_lengths[:, None])
@@ -124,32 +170,9 @@ def generate(
         ValueError: malformed prompts, ``P + N`` beyond ``cache_len`` or the model's
             ``max_len``, a missing ``rng`` for sampling.
     """
-    if isinstance(prompts, (jax.Array, np.ndarray)):
-        tokens = np.asarray(prompts)
-        if tokens.ndim != 2:
-            raise ValueError(
-                f"prompts must be int [B, P] or a list of token lists, got {tokens.shape=}"
-            )
-        lengths = (
-            np.full(tokens.shape[0], tokens.shape[1], np.int32)
-            if prompt_lengths is None
-            else np.asarray(prompt_lengths)
-        )
-    else:
-        if prompt_lengths is not None:
-            raise ValueError("prompt_lengths applies to a padded array, not to token lists")
-        tokens, lengths = left_pad(prompts, pad_id)
-    batch_size, width = tokens.shape
-    if lengths.shape != (batch_size,) or (lengths < 1).any() or (lengths > width).any():
-        raise ValueError(
-            f"prompt_lengths must be [B={batch_size}] values in [1, {width}], got {lengths.tolist()}"
-        )
     vocab_size = getattr(model.config, "vocab_size", None)
-    if vocab_size is not None and tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(
-            f"prompt token ids must lie in [0, vocab_size={vocab_size}); got min {tokens.min()} "
-            f"max {tokens.max()}"
-        )
+    tokens, lengths = prepare_prompts(prompts, prompt_lengths, pad_id, vocab_size)
+    width = tokens.shape[1]
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     needed = width + max_new_tokens
@@ -168,11 +191,7 @@ def generate(
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
     rng = jax.random.key(0) if rng is None else rng
-    if mesh is not None and rules is None:
-        rules = LOGICAL_AXIS_RULES
-    if rules is not None:
-        # Hashable, as a static jit argument: mesh-axis lists (from configs) become tuples.
-        rules = tuple((name, tuple(t) if isinstance(t, list) else t) for name, t in rules)
+    rules = static_rules(mesh, rules)
     run = functools.partial(
         _generate_jit,
         model,
@@ -183,11 +202,44 @@ def generate(
         cache_len=int(cache_len),
         rules=rules,
     )
-    args = (params, jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32), rng)
-    if mesh is None:
-        return run(*args)
-    with jax.set_mesh(mesh):
-        return run(*args)
+    with mesh_context(mesh):
+        return run(params, jnp.asarray(tokens), jnp.asarray(lengths), rng)
+
+
+def static_rules(
+    mesh: jax.sharding.Mesh | None, rules: Sequence[tuple[str, Any]] | None
+) -> tuple | None:
+    """Logical-axis rules as a hashable static jit argument (the defaults under a mesh).
+
+    Mesh-axis lists (from configs) become tuples; a change of rules retraces.
+    """
+    if mesh is not None and rules is None:
+        rules = LOGICAL_AXIS_RULES
+    if rules is None:
+        return None
+    return tuple((name, tuple(t) if isinstance(t, list) else t) for name, t in rules)
+
+
+def mesh_context(mesh: jax.sharding.Mesh | None):
+    """``jax.set_mesh(mesh)``, or nothing without a mesh."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def rules_context(rules: tuple | None):
+    """``nn.logical_axis_rules(rules)``, or nothing without rules."""
+    return contextlib.nullcontext() if rules is None else nn.logical_axis_rules(rules)
+
+
+def empty_cache(model: nn.Module, batch_size: int, cache_len: int):
+    """``model.init_cache``, with a ``KVCache`` constrained to its logical axes."""
+    cache = model.init_cache(batch_size, cache_len)
+    if isinstance(cache, KVCache):
+        cache = jax.tree.map(
+            lambda x, spec: nn.with_logical_constraint(x, tuple(spec)),
+            cache,
+            KVCache.logical_axes(),
+        )
+    return cache
 
 
 @functools.partial(
@@ -199,18 +251,10 @@ def _generate_jit(
     model, params, tokens, prompt_lengths, rng, *, max_new_tokens, sampling, stop_tokens, pad_id,
     cache_len, rules,
 ):  # fmt: skip
-    # The rules are a static argument so that a change of rules retraces.
-    rules_context = contextlib.nullcontext() if rules is None else nn.logical_axis_rules(rules)
-    with rules_context:
+    with rules_context(rules):
         batch_size, width = tokens.shape
         apply = functools.partial(model.apply, {"params": params})
-        cache = model.init_cache(batch_size, cache_len)
-        if isinstance(cache, KVCache):
-            cache = jax.tree.map(
-                lambda x, spec: nn.with_logical_constraint(x, tuple(spec)),
-                cache,
-                KVCache.logical_axes(),
-            )
+        cache = empty_cache(model, batch_size, cache_len)
         logits, cache = apply(tokens, left_padded_positions(prompt_lengths, width), cache)
         stop_ids = jnp.asarray(stop_tokens, jnp.int32)
 

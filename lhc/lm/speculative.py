@@ -30,7 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from lhc.lm.generate import GREEDY, left_pad, left_padded_positions
+from lhc.lm.generate import (
+    GREEDY,
+    empty_cache,
+    left_padded_positions,
+    mesh_context,
+    prepare_prompts,
+    rules_context,
+    static_rules,
+)
 from lhc.lm.sampling import SamplingParams, logits_to_probs
 
 
@@ -119,6 +127,8 @@ def speculative_generate(
     rng: jax.Array | None = None,
     stop_tokens: Sequence[int] = (),
     pad_id: int = 0,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Sequence[tuple[str, Any]] | None = None,
 ) -> SpeculativeOutput:
     """Generates up to ``max_new_tokens`` per prompt with draft-then-verify rounds.
 
@@ -135,6 +145,9 @@ def speculative_generate(
         rng: PRNG key, required unless greedy.
         stop_tokens: ids that end a sequence (the stop token is emitted and counted).
         pad_id: id written after a sequence stopped and used for prompt padding.
+        mesh: run under this mesh (parameters may be sharded); activations and caches
+            are constrained with ``rules`` (``lhc.parallel.LOGICAL_AXIS_RULES`` by default).
+        rules: logical-axis rules for a mesh.
 
     Returns:
         A ``SpeculativeOutput``.
@@ -144,34 +157,13 @@ def speculative_generate(
             ``P + N + num_draft + 1`` beyond either model's ``max_len``, a missing
             ``rng`` for sampling.
     """
-    if isinstance(prompts, (jax.Array, np.ndarray)):
-        tokens = np.asarray(prompts)
-        if tokens.ndim != 2:
-            raise ValueError(f"prompts must be int [B, P] or token lists, got {tokens.shape=}")
-        lengths = (
-            np.full(tokens.shape[0], tokens.shape[1], np.int32)
-            if prompt_lengths is None
-            else np.asarray(prompt_lengths)
-        )
-    else:
-        if prompt_lengths is not None:
-            raise ValueError("prompt_lengths applies to a padded array, not to token lists")
-        tokens, lengths = left_pad(prompts, pad_id)
-    batch_size, width = tokens.shape
-    if lengths.shape != (batch_size,) or (lengths < 1).any() or (lengths > width).any():
-        raise ValueError(
-            f"prompt_lengths must be [B={batch_size}] values in [1, {width}], got {lengths.tolist()}"
-        )
     vocab = target.config.vocab_size
     if draft.config.vocab_size != vocab:
         raise ValueError(
             f"draft vocab_size {draft.config.vocab_size} differs from the target's {vocab}"
         )
-    if tokens.min() < 0 or tokens.max() >= vocab:
-        raise ValueError(
-            f"prompt token ids must lie in [0, vocab_size={vocab}); got min {tokens.min()} "
-            f"max {tokens.max()}"
-        )
+    tokens, lengths = prepare_prompts(prompts, prompt_lengths, pad_id, vocab)
+    width = tokens.shape[1]
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if num_draft < 1:
@@ -188,21 +180,20 @@ def speculative_generate(
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
     rng = jax.random.key(0) if rng is None else rng
-    return _speculative_jit(
+    run = functools.partial(
+        _speculative_jit,
         target,
         draft,
-        target_params,
-        draft_params,
-        jnp.asarray(tokens, jnp.int32),
-        jnp.asarray(lengths, jnp.int32),
-        rng,
         max_new_tokens=int(max_new_tokens),
         num_draft=int(num_draft),
         sampling=sampling,
         stop_tokens=tuple(int(t) for t in stop_tokens),
         pad_id=int(pad_id),
         cache_len=int(cache_len),
+        rules=static_rules(mesh, rules),
     )
+    with mesh_context(mesh):
+        return run(target_params, draft_params, jnp.asarray(tokens), jnp.asarray(lengths), rng)
 
 
 @functools.partial(
@@ -210,17 +201,30 @@ def speculative_generate(
     static_argnums=(0, 1),
     static_argnames=(
         "max_new_tokens", "num_draft", "sampling", "stop_tokens", "pad_id", "cache_len",
+        "rules",
     ),
 )  # fmt: skip
 def _speculative_jit(
+    target, draft, target_params, draft_params, tokens, prompt_lengths, rng, *,
+    max_new_tokens, num_draft, sampling, stop_tokens, pad_id, cache_len, rules,
+):  # fmt: skip
+    with rules_context(rules):
+        return _speculative_loop(
+            target, draft, target_params, draft_params, tokens, prompt_lengths, rng,
+            max_new_tokens=max_new_tokens, num_draft=num_draft, sampling=sampling,
+            stop_tokens=stop_tokens, pad_id=pad_id, cache_len=cache_len,
+        )  # fmt: skip
+
+
+def _speculative_loop(
     target, draft, target_params, draft_params, tokens, prompt_lengths, rng, *,
     max_new_tokens, num_draft, sampling, stop_tokens, pad_id, cache_len,
 ):  # fmt: skip
     batch_size, width = tokens.shape
     apply_target = functools.partial(target.apply, {"params": target_params})
     apply_draft = functools.partial(draft.apply, {"params": draft_params})
-    target_cache = target.init_cache(batch_size, cache_len)
-    draft_cache = draft.init_cache(batch_size, cache_len)
+    target_cache = empty_cache(target, batch_size, cache_len)
+    draft_cache = empty_cache(draft, batch_size, cache_len)
     # Prefill everything but the last prompt token, which becomes the pending token.
     if width > 1:
         positions = left_padded_positions(prompt_lengths, width)[:, :-1]

@@ -1,4 +1,5 @@
-"""Generation with parameters and cache sharded over 8 host devices equals one device."""
+"""Generation (plain and speculative) with parameters and cache sharded over 8 host devices
+equals one device."""
 
 import json
 import os
@@ -40,7 +41,16 @@ _SCRIPT = textwrap.dedent(
         shardings = lm.param_shardings(config, mesh, LOGICAL_AXIS_RULES)
         sharded_params = jax.device_put(params, shardings)
         out = lm.generate(model, sharded_params, prompts, max_new_tokens=12, mesh=mesh)
-        sampled_equal = True
+        sampled_equal = speculative_equal = True
+        if scan_layers:  # speculative decoding with a perturbed draft, sharded alike
+            draft_params = jax.tree.map(
+                lambda x: x + jnp.asarray(rng.normal(size=x.shape) * 0.1, x.dtype), params
+            )
+            speculative = lm.speculative_generate(
+                model, sharded_params, model, jax.device_put(draft_params, shardings), prompts,
+                max_new_tokens=12, num_draft=3, mesh=mesh,
+            )
+            speculative_equal = bool((np.asarray(speculative.tokens) == np.asarray(single.tokens)).all())
         if scan_layers:  # sampling once is enough; each generate call compiles anew
             single_sampled = lm.generate(
                 model, params, prompts, max_new_tokens=12, sampling=sampling, rng=key
@@ -68,6 +78,7 @@ _SCRIPT = textwrap.dedent(
             loaded_query_spec=str(loaded_query.sharding.spec),
             tokens_equal=bool((np.asarray(out.tokens) == np.asarray(single.tokens)).all()),
             sampled_equal=sampled_equal,
+            speculative_equal=speculative_equal,
             log_prob_diff=float(np.abs(np.asarray(out.log_probs) - np.asarray(single.log_probs)).max()),
             distinct_tokens=int(len(np.unique(np.asarray(single.tokens)))),
             query_spec=str(layer["attention"]["query"]["kernel"].sharding.spec),
@@ -98,6 +109,7 @@ def test_sharded_generation_equals_single_device():
         assert r["tokens_equal"], (scan_layers, r)
         assert r["loaded_equal"] and r["loaded_query_spec"] == r["query_spec"], r
         assert r["sampled_equal"], (scan_layers, r)
+        assert r["speculative_equal"], (scan_layers, r)
         assert r["log_prob_diff"] < 1e-4, (scan_layers, r)
         assert r["distinct_tokens"] > 4, r  # a non-degenerate sequence was compared
         # Heads are split over tensor=4; the cache over data=2 (batch) and tensor=4 (heads).
