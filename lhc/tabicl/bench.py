@@ -232,15 +232,19 @@ def _format_table(rows: list[dict]) -> str:
     def num(value, fmt):
         return format(value, fmt) if isinstance(value, (int, float)) else str(value)
 
+    def measured(result, key):
+        # "not run": the implementation was not asked for; "fail": it ran and failed.
+        return "not run" if result is None else result.get(key, "fail")
+
     for row in rows:
-        ref, lhc = row.get("reference", {}), row.get("lhc", {})
+        ref, lhc = row.get("reference"), row.get("lhc")
         lines.append(
             f"{row['n_train']:>10} {row['n_estimators']:>5} | "
-            f"{num(ref.get('predict_s', 'fail'), '9.2f'):>9} "
-            f"{num(lhc.get('predict_s', 'fail'), '9.2f'):>9} "
+            f"{num(measured(ref, 'predict_s'), '9.2f'):>9} "
+            f"{num(measured(lhc, 'predict_s'), '9.2f'):>9} "
             f"{num(row.get('time_ratio', '-'), '7.2f'):>7} | "
-            f"{num(ref.get('peak_rss_mb', 'fail'), '8.0f'):>8} "
-            f"{num(lhc.get('peak_rss_mb', 'fail'), '8.0f'):>8} "
+            f"{num(measured(ref, 'peak_rss_mb'), '8.0f'):>8} "
+            f"{num(measured(lhc, 'peak_rss_mb'), '8.0f'):>8} "
             f"{num(row.get('memory_ratio', '-'), '7.2f'):>7} | "
             f"{num(row.get('max_abs_proba_diff', '-'), '8.1e'):>8}"
         )

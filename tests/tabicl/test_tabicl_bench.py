@@ -44,3 +44,15 @@ def test_bench_runs_both_implementations(tmp_path, capsys):
     assert row["time_ratio"] > 0 and row["memory_ratio"] > 0
     assert json.loads(out.read_text())["rows"][0]["n_train"] == 40
     assert "ref/lhc" in capsys.readouterr().out
+
+
+def test_table_tells_a_skipped_implementation_from_a_failed_one():
+    from lhc.tabicl.bench import _format_table
+
+    rows = [
+        {"n_train": 100, "n_estimators": 1, "lhc": {"predict_s": 2.5, "peak_rss_mb": 900.0}},
+        {"n_train": 200, "n_estimators": 8, "reference": {"error": "exit 1"}, "lhc": {}},
+    ]
+    skipped, failed = _format_table(rows).splitlines()[2:]
+    assert skipped.split("|")[1].split() == ["not", "run", "2.50", "-"]
+    assert failed.split("|")[1].split() == ["fail", "fail", "-"]
