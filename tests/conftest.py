@@ -1,4 +1,12 @@
-"""Test-wide settings: CPU only, float32 matmuls at full precision."""
+"""Test-wide settings: CPU only, float32 matmuls at full precision.
+
+``hypothesis`` is imported here, at collection, because its pytest plugin otherwise
+imports it in the terminal summary, after the whole suite. On CPython 3.11.7 pytest's
+assertion rewriting of it then failed there with "SystemError: AST constructor
+recursion depth mismatch", a bug of ``ast.parse`` in that Python (probably set off by
+the recursion-limit changes earlier in the suite: the reference TabICL raises the limit
+around its Latin-square feature shuffles).
+"""
 
 import os
 
@@ -6,6 +14,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import hypothesis  # noqa: E402, F401
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
