@@ -7,7 +7,9 @@ draft, both after the same temperature / top-k / top-p processing); at the first
 rejection a token is drawn from ``norm(max(0, p - q))``, and when every draft is
 accepted a bonus token is drawn from the target's next distribution (Leviathan et al.,
 2023; Chen et al., 2023). The output is distributed exactly as sampling from the target
-alone; with greedy sampling it equals greedy decoding of the target token for token.
+alone; with greedy sampling it equals greedy decoding of the target token for token (up
+to argmax near-ties, where the target's multi-token verification pass and its one-token
+decoding steps may round differently in low precision).
 
 Both models follow the causal-LM protocol (``lhc.lm.model``) and keep ``KVCache``-like
 caches with per-sequence ``lengths`` and ``truncate``: after verification each cache is
