@@ -69,6 +69,22 @@ class SpeculativeOutput:
         return self.accepted.sum() / jnp.maximum(self.drafted.sum(), 1)
 
 
+@struct.dataclass
+class _LoopState:
+    """What one draft-and-verify round reads and writes (``[B]`` arrays unless noted)."""
+
+    iteration: jax.Array  # int32 scalar
+    pending: jax.Array  # the sampled token not yet in either cache
+    position: jax.Array  # its position
+    target_cache: Any
+    draft_cache: Any
+    done: jax.Array  # bool
+    generated: jax.Array  # tokens written to ``out`` so far
+    out: jax.Array  # int32 [B, N + G + 1]
+    accepted: jax.Array
+    drafted: jax.Array
+
+
 def verify_drafts(
     rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -244,16 +260,15 @@ def _speculative_loop(
         next_position = jnp.where(position < 0, -1, position + 1)
         return (proposal, next_position, cache), (proposal, probs)
 
-    def body(state):
-        (iteration, pending, position, target_cache, draft_cache, done, generated, out,
-         accepted, drafted) = state  # fmt: skip
-        keys = jax.random.split(jax.random.fold_in(rng, iteration), num_draft + 1)
+    def body(state: _LoopState) -> _LoopState:
+        pending, position, done = state.pending, state.position, state.done
+        keys = jax.random.split(jax.random.fold_in(rng, state.iteration), num_draft + 1)
         fed_position = jnp.where(done, -1, position)
-        target_start, draft_start = target_cache.lengths, draft_cache.lengths
+        target_start, draft_start = state.target_cache.lengths, state.draft_cache.lengths
 
         # Draft: feed the pending token and the drafts, sampling d_1..d_G on the way.
         (last, last_position, draft_cache), (proposals, draft_probs) = jax.lax.scan(
-            draft_step, (pending, fed_position, draft_cache), keys[:num_draft]
+            draft_step, (pending, fed_position, state.draft_cache), keys[:num_draft]
         )
         proposals = proposals.T  # [B, G]
         draft_probs = jnp.swapaxes(draft_probs, 0, 1)  # [B, G, V]
@@ -263,7 +278,7 @@ def _speculative_loop(
         # Target: score the pending token and all drafts at once.
         block = jnp.concatenate([pending[:, None], proposals], axis=1)
         block_positions = jnp.where(done[:, None], -1, position[:, None] + offsets[None, :])
-        target_logits, target_cache = apply_target(block, block_positions, target_cache)
+        target_logits, target_cache = apply_target(block, block_positions, state.target_cache)
         target_probs = logits_to_probs(target_logits, sampling)
 
         num_accepted, next_token = verify_drafts(keys[-1], proposals, draft_probs, target_probs)
@@ -282,40 +297,48 @@ def _speculative_loop(
 
         # Write the new tokens at each sequence's own offset in the output buffer.
         write = offsets[None, :] < count[:, None]
-        columns = jnp.where(write, generated[:, None] + offsets[None, :], buffer_len)
-        out = out.at[jnp.arange(batch_size)[:, None], columns].set(new_tokens, mode="drop")
+        columns = jnp.where(write, state.generated[:, None] + offsets[None, :], buffer_len)
+        out = state.out.at[jnp.arange(batch_size)[:, None], columns].set(new_tokens, mode="drop")
 
         # Keep the pending token and the accepted drafts in both caches.
         kept = jnp.where(done, 0, num_accepted + 1)
-        target_cache = target_cache.truncate(target_start + kept)
-        draft_cache = draft_cache.truncate(draft_start + kept)
-        accepted = accepted + jnp.where(done, 0, jnp.minimum(num_accepted, count))
-        drafted = drafted + jnp.where(done, 0, num_draft)
-        generated = generated + count
-        position = jnp.where(done, position, position + kept)
-        done = done | stopped | (generated >= max_new_tokens)
-        return (iteration + 1, next_token, position, target_cache, draft_cache, done,
-                generated, out, accepted, drafted)  # fmt: skip
-
-    def cond(state):
-        return ~jnp.all(state[5])
+        generated = state.generated + count
+        return _LoopState(
+            iteration=state.iteration + 1,
+            pending=next_token,
+            position=jnp.where(done, position, position + kept),
+            target_cache=target_cache.truncate(target_start + kept),
+            draft_cache=draft_cache.truncate(draft_start + kept),
+            done=done | stopped | (generated >= max_new_tokens),
+            generated=generated,
+            out=out,
+            accepted=state.accepted + jnp.where(done, 0, jnp.minimum(num_accepted, count)),
+            drafted=state.drafted + jnp.where(done, 0, num_draft),
+        )
 
     zeros = jnp.zeros((batch_size,), jnp.int32)
-    state = (
-        jnp.int32(0), tokens[:, -1], prompt_lengths - 1, target_cache, draft_cache,
-        jnp.zeros((batch_size,), bool), zeros, jnp.full((batch_size, buffer_len), pad_id, jnp.int32),
-        zeros, zeros,
-    )  # fmt: skip
-    iterations, _, _, _, _, _, generated, out, accepted, drafted = jax.lax.while_loop(
-        cond, body, state
+    state = jax.lax.while_loop(
+        lambda state: ~jnp.all(state.done),
+        body,
+        _LoopState(
+            iteration=jnp.int32(0),
+            pending=tokens[:, -1],
+            position=prompt_lengths - 1,
+            target_cache=target_cache,
+            draft_cache=draft_cache,
+            done=jnp.zeros((batch_size,), bool),
+            generated=zeros,
+            out=jnp.full((batch_size, buffer_len), pad_id, jnp.int32),
+            accepted=zeros,
+            drafted=zeros,
+        ),
     )
-    lengths = jnp.minimum(generated, max_new_tokens)
+    lengths = jnp.minimum(state.generated, max_new_tokens)
     columns = jnp.arange(max_new_tokens)[None, :]
-    out = jnp.where(columns < lengths[:, None], out[:, :max_new_tokens], pad_id)
     return SpeculativeOutput(
-        tokens=out,
+        tokens=jnp.where(columns < lengths[:, None], state.out[:, :max_new_tokens], pad_id),
         lengths=lengths,
-        num_iterations=iterations,
-        accepted=accepted,
-        drafted=drafted,
+        num_iterations=state.iteration,
+        accepted=state.accepted,
+        drafted=state.drafted,
     )
