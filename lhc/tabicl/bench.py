@@ -180,36 +180,20 @@ def _save_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
     from tabicl import TabICL
 
     from lhc.tabicl.checkpoint import convert_to_orbax
+    from lhc.tabicl.model import TabICLConfig
 
-    config = dict(
-        max_classes=10,
-        embed_dim=128,
-        col_num_blocks=3,
-        col_nhead=4,
-        col_num_inds=128,
-        row_num_blocks=3,
-        row_nhead=8,
-        row_num_cls=4,
-        row_rope_base=100000,
-        icl_num_blocks=12,
-        icl_nhead=4,
-        ff_factor=2,
-        dropout=0.0,
-        activation="gelu",
-        norm_first=True,
+    tiny_sizes = dict(
+        embed_dim=32,
+        col_num_blocks=1,
+        col_nhead=2,
+        col_num_inds=16,
+        row_num_blocks=1,
+        row_nhead=4,
+        row_num_cls=2,
+        icl_num_blocks=2,
+        icl_nhead=2,
     )
-    if tiny:
-        config.update(
-            embed_dim=32,
-            col_num_blocks=1,
-            col_nhead=2,
-            col_num_inds=16,
-            row_num_blocks=1,
-            row_nhead=4,
-            row_num_cls=2,
-            icl_num_blocks=2,
-            icl_nhead=2,
-        )
+    config = TabICLConfig(**(tiny_sizes if tiny else {})).to_dict()  # the default: the paper's
     torch.manual_seed(seed)
     model = TabICL(**config)
     with torch.no_grad():

@@ -284,18 +284,28 @@ def _flat_shapes(tree: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[i
     return out
 
 
-def _check_against_model(config: TabICLConfig, params: Mapping[str, Any]) -> None:
-    """Raises ValueError unless ``params`` has exactly the tree and shapes of the model."""
-    want = _flat_shapes(nn.meta.unbox(abstract_params(config)))
-    got = _flat_shapes(params)
+def _check_shapes(want: Mapping[str, Any], got: Mapping[str, Any], source: str) -> None:
+    """Raises ValueError unless the tree ``got`` has exactly the paths and shapes of ``want``.
+
+    ``source`` names where ``got`` came from in the messages ("parameters", "Orbax
+    checkpoint").
+    """
+    want, got = _flat_shapes(want), _flat_shapes(got)
     for path, shape in want.items():
         if path not in got:
-            raise ValueError(f"parameter {path!r} is missing (expected shape {shape})")
+            raise ValueError(f"{source}: parameter {path!r} is missing (expected shape {shape})")
         if got[path] != shape:
-            raise ValueError(f"parameter {path!r} has shape {got[path]}, expected {shape}")
+            raise ValueError(
+                f"{source}: parameter {path!r} has shape {got[path]}, expected {shape}"
+            )
     extra = sorted(set(got) - set(want))
     if extra:
-        raise ValueError(f"parameters {extra[:8]} are not part of the model")
+        raise ValueError(f"{source}: parameters {extra[:8]} are not part of the model")
+
+
+def _check_against_model(config: TabICLConfig, params: Mapping[str, Any]) -> None:
+    """Raises ValueError unless ``params`` has exactly the tree and shapes of the model."""
+    _check_shapes(nn.meta.unbox(abstract_params(config)), params, "parameters")
 
 
 # ----------------------------------------------------------------------------- files
@@ -400,15 +410,7 @@ def load_orbax(directory: str | os.PathLike, sharding=None) -> tuple[TabICLConfi
         stored = checkpointer.metadata(params_dir).item_metadata.tree
     except Exception as err:
         raise ValueError(f"could not read Orbax metadata of {str(params_dir)!r}: {err}") from err
-    want, got = _flat_shapes(abstract), _flat_shapes(stored)
-    for path, shape in want.items():
-        if path not in got:
-            raise ValueError(f"Orbax checkpoint lacks parameter {path!r} (expected {shape})")
-        if got[path] != shape:
-            raise ValueError(f"Orbax parameter {path!r} has shape {got[path]}, expected {shape}")
-    extra = sorted(set(got) - set(want))
-    if extra:
-        raise ValueError(f"Orbax checkpoint has parameters {extra[:8]} the config lacks")
+    _check_shapes(abstract, stored, f"Orbax checkpoint {str(params_dir)!r}")
     if sharding is None:
         sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(

@@ -98,6 +98,7 @@ class PretrainTask(Task):
         except TypeError as error:
             raise ValueError(f"config.model: {error}") from error
         self.prior_config = prior_config_from(self.config)
+        self._eval_cache = None  # (batch, baselines), built at the first evaluation
         if self.prior_config.max_classes > model_config.max_classes:
             raise ValueError(
                 f"config.prior.max_classes ({self.prior_config.max_classes}) exceeds "
@@ -105,9 +106,8 @@ class PretrainTask(Task):
             )
         return TabICL(model_config)
 
-    def _make_batch(self, seed, index, rows, prior_config=None):
-        prior_config = prior_config or self.prior_config
-        return _split(prior_lib.sample_batch(prior_config, seed, index, tables=rows))
+    def _make_batch(self, seed, index, rows):
+        return _split(prior_lib.sample_batch(self.prior_config, seed, index, tables=rows))
 
     def batch_spec(self, batch_size):
         prior = self.prior_config
@@ -167,28 +167,40 @@ class PretrainTask(Task):
 
     def evaluate(self, params):
         """Accuracy on ``config.eval_tables`` held-out prior tables vs logistic regression."""
-        num_tables = int(self.config.eval_tables)
-        eval_prior = dataclasses.replace(self.prior_config, batch_size=num_tables)
-        seed = int(self.config.seed) + _EVAL_SEED_OFFSET
-        process_count = jax.process_count()
-        if num_tables % process_count:
-            raise ValueError(
-                f"config.eval_tables ({num_tables}) must be divisible by the number of "
-                f"processes ({process_count})"
-            )
-        local = num_tables // process_count
-        rows = range(jax.process_index() * local, (jax.process_index() + 1) * local)
-        batch = global_batch(self._make_batch(seed, 0, rows, eval_prior), self.mesh, self.rules)
-        loss, own_loss, accuracy = jax.device_get(jax.jit(self._eval_metrics)(params, batch))
-        full = prior_lib.sample_batch(eval_prior, seed, 0)
+        batch, baselines = self._eval_data()
+        loss, own_loss, accuracy = jax.device_get(self._eval_step(params, batch))
         return {
             "eval/loss": float(loss),
             "eval/loss_own_classes": float(own_loss),
             "eval/accuracy": float(accuracy),
-            "eval/logreg_accuracy": logistic_regression_accuracy(full),
-            "eval/majority_accuracy": majority_class_accuracy(full),
-            "eval/class_frequency_loss": class_frequency_loss(full),
+            **baselines,
         }
+
+    def _eval_data(self):
+        """The evaluation tables (this process's share, on the mesh) and the baselines on
+        all of them; drawn and fitted once, since they do not change during a run."""
+        if self._eval_cache is None:
+            num_tables = int(self.config.eval_tables)
+            process_count = jax.process_count()
+            if num_tables % process_count:
+                raise ValueError(
+                    f"config.eval_tables ({num_tables}) must be divisible by the number of "
+                    f"processes ({process_count})"
+                )
+            eval_prior = dataclasses.replace(self.prior_config, batch_size=num_tables)
+            full = prior_lib.sample_batch(eval_prior, int(self.config.seed) + _EVAL_SEED_OFFSET, 0)
+            local = num_tables // process_count
+            start = jax.process_index() * local
+            mine = {key: value[start : start + local] for key, value in full.items()}
+            baselines = {
+                "eval/logreg_accuracy": logistic_regression_accuracy(full),
+                "eval/majority_accuracy": majority_class_accuracy(full),
+                "eval/class_frequency_loss": class_frequency_loss(full),
+            }
+            batch = global_batch(_split(mine), self.mesh, self.rules)
+            self._eval_cache = (batch, baselines)
+            self._eval_step = jax.jit(self._eval_metrics)
+        return self._eval_cache
 
 
 def majority_class_accuracy(batch: dict[str, np.ndarray]) -> float:
