@@ -1,21 +1,55 @@
-"""Key/value cache of the decoder LM.
+"""The cache protocol of causal LMs, and two caches of attention layers.
 
-Layout (L layers, B sequences, S slots, K key/value heads, H head dim):
+A model called as ``logits, cache = model.apply(variables, tokens, positions, cache)``
+appends the call's ``T`` tokens per sequence to ``cache`` and returns the updated cache.
+What a cache *is* differs from model to model (keys and values of every token, a ring of
+the last ``W`` tokens, a quantized store, a recurrent state, a memory pruned differently
+in every layer); what every cache offers, so that decoding, speculative decoding and
+evaluation code works with any of them, is this (``Cache`` below):
 
-* ``keys``, ``values``: ``[L, B, S, K, H]`` in the compute dtype;
-* ``positions``: int32 ``[B, S]``, the position of the token held in each slot, shared by
-  all layers; ``-1`` marks an empty slot or a padding token;
-* ``lengths``: int32 ``[B]``, how many slots each sequence has used.
+* ``lengths``: int32 ``[B]``, how many tokens (slots) each sequence has appended,
+  padding tokens included. Appending ``T`` tokens adds ``T`` to every length.
+* ``capacity``: the most tokens a sequence may append in all, or ``None`` when
+  unbounded (a ring buffer, a recurrent state).
+* ``truncate(new_lengths)``: forget every token appended after the first
+  ``new_lengths[b]`` (speculative rollback, erasing a span before re-appending).
+* ``truncate_at_position(positions)``: forget every token at a position
+  ``>= positions[b]`` (and any padding after the last token kept). In a left-padded batch
+  the slot count and the position of a token differ; this works in positions.
+* ``next_positions()``: int32 ``[B]``, one past the largest position held (0 if none).
+* ``can_append(num_tokens)``: bool ``[B]``, whether appending ``num_tokens`` more keeps
+  every token the model will need. A model gives NaN logits for a sequence where it is
+  false (under ``jit`` nothing else can signal an overflow).
+* ``validate_append(batch_size, num_tokens)``: with concrete values, raises
+  ``ValueError`` for a call that would not fit.
+* ``logical_axes()``: the same pytree with ``PartitionSpec`` leaves of logical axis
+  names, which ``flax.linen.logical_to_mesh_sharding`` maps to shardings.
 
-Appending ``T`` tokens writes sequence ``b`` into slots ``lengths[b] : lengths[b] + T``
-and adds ``T`` to ``lengths[b]``, whatever the tokens' positions are, so padding tokens
-(position ``< 0``) take slots but are never attended to. Attention is causal by position
-(a query at position ``p`` sees cached keys at positions ``0 <= q <= p``), not by slot.
-Truncating to shorter lengths empties the slots beyond them (speculative rollback,
-erasing a span before re-appending).
+Positions of the real tokens of a sequence increase with the order in which they were
+appended; padding (position -1) may sit anywhere. Truncation relies on that order.
+
+Caches of attention layers add the per-layer interface the ``Attention`` layer uses
+(``lhc.nn.attention``):
+
+* ``begin_update(positions) -> (writer, layers)``: ``writer`` is shared by every layer
+  of the call; ``layers`` is the per-layer storage stacked over layers (each leaf leads
+  with ``[L]``), which the model carries through its layers and each layer updates in
+  place (``nn.scan`` carries it, so no layer's slice is copied).
+* ``writer.write(layers, layer, keys, values) -> (KVView, layers)``: stores this call's
+  keys and values ``[B, T, K, H]`` for layer ``layer`` and returns what attention reads:
+  keys, values and *that layer's* key positions, so a cache may keep a different set of
+  tokens in every layer.
+* ``finish_update(writer, layers) -> cache``: the cache after the call.
+
+``KVCache`` keeps every token (``capacity`` slots). ``SlidingWindowKVCache`` keeps the
+last ``slots`` tokens in a ring for a model whose layers all attend within a window
+``W <= slots``: its memory does not grow with the context, and it can be truncated by up
+to ``slots - W`` tokens without losing a key that a later query needs.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -23,20 +57,133 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
-from lhc.lm.config import LMConfig
+from lhc.nn.attention import KVView, write_slots
 
-CACHE_KV_AXES = (None, "cache_batch", "cache_len", "cache_kv_heads", "cache_kv")
+# Keys and values are stored heads-major, [L, B, K, S, H]: a layer's keys for one head
+# are contiguous over slots, which is the operand layout of the attention matmuls.
+CACHE_KV_AXES = (None, "cache_batch", "cache_kv_heads", "cache_len", "cache_kv")
+CACHE_POSITION_AXES = ("cache_batch", "cache_len")
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+def is_concrete(*values) -> bool:
+    """Whether every value is known outside a trace (so it may be checked in Python)."""
+    return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What every model's cache offers (see the module docstring)."""
+
+    lengths: jax.Array
+
+    @property
+    def capacity(self) -> int | None: ...
+
+    def truncate(self, new_lengths: jax.Array | int) -> Cache: ...
+
+    def truncate_at_position(self, positions: jax.Array | int) -> Cache: ...
+
+    def next_positions(self) -> jax.Array: ...
+
+    def can_append(self, num_tokens: int) -> jax.Array: ...
+
+    def validate_append(self, batch_size: int, num_tokens: int) -> None: ...
+
+    def logical_axes(self) -> Any: ...
+
+
+def _new_lengths(new_lengths, lengths: jax.Array) -> jax.Array:
+    """``new_lengths`` broadcast to ``[B]``, checked when concrete, clipped under jit."""
+    new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), lengths.shape)
+    if is_concrete(new_lengths, lengths):
+        new_np, old_np = np.asarray(new_lengths), np.asarray(lengths)
+        if (new_np < 0).any() or (new_np > old_np).any():
+            raise ValueError(
+                f"truncate: new_lengths must lie in [0, lengths]; got new_lengths="
+                f"{new_np.tolist()} for lengths={old_np.tolist()}"
+            )
+    return jnp.clip(new_lengths, 0, lengths)
+
+
+def _check_batch(name: str, lengths: jax.Array, batch_size: int) -> None:
+    if lengths.shape != (batch_size,):
+        raise ValueError(
+            f"{name}: the cache holds {lengths.shape[0]} sequences, the call has {batch_size}"
+        )
+
+
+def _positions_to_lengths(positions, slot_positions, slot_order, lengths) -> jax.Array:
+    """Lengths that keep exactly the tokens at positions ``< positions[b]``.
+
+    Args:
+        positions: int ``[B]`` (or a scalar).
+        slot_positions: int ``[B, S]``, the position in each slot (-1: none).
+        slot_order: int ``[B, S]``, the index (0-based append order) of the token in each
+            slot, -1 where the slot holds none.
+        lengths: int ``[B]``.
+    """
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), lengths.shape)
+    present = slot_order >= 0
+    keep = present & (slot_positions >= 0) & (slot_positions < positions[:, None])
+    last_kept = jnp.max(jnp.where(keep, slot_order, -1), axis=1)
+    # Nothing kept: forget back to the oldest token still held (everything, for a cache
+    # that holds all its tokens).
+    oldest = jnp.min(jnp.where(present, slot_order, lengths[:, None]), axis=1)
+    return jnp.where(last_kept >= 0, last_kept + 1, jnp.minimum(oldest, lengths))
+
+
+# The cache of every token ----------------------------------------------------------------
+
+
+@struct.dataclass
+class _KVWriter:
+    """``KVCache``'s writer for one call: where each sequence writes, what it then holds."""
+
+    slots: jax.Array  # int32 [B, T], the slot of each of this call's tokens
+    key_positions: jax.Array  # int32 [B, S], slot positions after this call
+
+    def write(self, layers, layer, keys, values):
+        stored_keys, stored_values = (
+            _put(store, layer, self.slots, new) for store, new in zip(layers, (keys, values))
+        )
+        view = KVView(
+            keys=_layer_view(stored_keys, layer),
+            values=_layer_view(stored_values, layer),
+            positions=self.key_positions,
+        )
+        return view, (stored_keys, stored_values)
+
+
+def _put(store: jax.Array, layer, slots: jax.Array, update: jax.Array) -> jax.Array:
+    """Writes ``update`` ``[B, T, K, H]`` into ``store`` ``[L, B, K, S, H]`` at
+    ``[layer, b, :, slots[b, t], :]``, in place. Slots past the end are dropped (the model
+    then gives NaN logits for that sequence, see ``Cache.can_append``)."""
+    rows = jnp.arange(update.shape[0])[:, None]
+    return store.at[layer, rows, :, slots].set(update.astype(store.dtype), mode="drop")
+
+
+def _layer_view(store: jax.Array, layer) -> jax.Array:
+    """Layer ``layer`` of ``store`` ``[L, B, K, S, H]`` as ``[B, S, K, H]``."""
+    return jnp.swapaxes(store[layer], 1, 2)
+
+
+def _append_slots(start: jax.Array, num_tokens: int) -> jax.Array:
+    return start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
 
 
 @struct.dataclass
 class KVCache:
-    """Per-layer keys and values with per-sequence slot positions and lengths.
+    """Keys and values of every appended token, per layer.
 
-    See the module docstring for the layout.
+    Layout (L layers, B sequences, S slots, K key/value heads, H head dim):
+
+    * ``keys``, ``values``: ``[L, B, K, S, H]`` in the compute dtype;
+    * ``positions``: int32 ``[B, S]``, the position of the token in each slot, shared by
+      all layers; -1 marks an empty slot or a padding token;
+    * ``lengths``: int32 ``[B]``, how many slots each sequence has used.
+
+    Appending ``T`` tokens writes sequence ``b`` into slots ``lengths[b] : lengths[b] + T``,
+    whatever their positions, so padding tokens take slots but are never attended to.
     """
 
     keys: jax.Array
@@ -55,10 +202,15 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """S, the number of slots per sequence."""
-        return self.keys.shape[2]
+        return self.keys.shape[3]
+
+    @property
+    def head_shape(self) -> tuple[int, int]:
+        """``(K, H)``: key/value heads and head dim."""
+        return self.keys.shape[2], self.keys.shape[4]
 
     def truncate(self, new_lengths: jax.Array | int) -> KVCache:
-        """Drops every slot at or beyond ``new_lengths``.
+        """Forgets every slot at or beyond ``new_lengths``.
 
         Args:
             new_lengths: int ``[B]`` (or a scalar for all sequences), each at most the
@@ -66,51 +218,79 @@ class KVCache:
 
         Returns:
             A cache whose slots ``>= new_lengths[b]`` are empty (position -1). Keys and
-            values there are left in place; they are masked and overwritten later.
+            values there stay in place; they are masked and overwritten later.
 
         Raises:
-            ValueError: with concrete values, when a new length is negative or exceeds
+            ValueError: with concrete values, a new length that is negative or exceeds
                 the current one. Under ``jit`` the new lengths are clipped to
                 ``[0, lengths]`` instead.
         """
-        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
-        if _is_concrete(new_lengths) and _is_concrete(self.lengths):
-            new_np, old_np = np.asarray(new_lengths), np.asarray(self.lengths)
-            if (new_np < 0).any() or (new_np > old_np).any():
-                raise ValueError(
-                    f"truncate: new_lengths must lie in [0, lengths]; got new_lengths="
-                    f"{new_np.tolist()} for lengths={old_np.tolist()}"
-                )
-        new_lengths = jnp.clip(new_lengths, 0, self.lengths)
+        new_lengths = _new_lengths(new_lengths, self.lengths)
         slots = jnp.arange(self.capacity, dtype=jnp.int32)
         positions = jnp.where(slots[None, :] < new_lengths[:, None], self.positions, -1)
         return self.replace(positions=positions, lengths=new_lengths)
 
+    def truncate_at_position(self, positions: jax.Array | int) -> KVCache:
+        """Forgets every token at a position ``>= positions[b]`` (see the module docstring)."""
+        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
+        order = jnp.where(slots < self.lengths[:, None], slots, -1)
+        return self.truncate(_positions_to_lengths(positions, self.positions, order, self.lengths))
+
     def next_positions(self) -> jax.Array:
         """int32 ``[B]``: one past the largest position stored per sequence (0 if empty)."""
-        return jnp.max(self.positions, axis=1) + 1
+        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
+
+    def can_append(self, num_tokens: int) -> jax.Array:
+        return self.lengths + num_tokens <= self.capacity
+
+    def validate_append(self, batch_size: int, num_tokens: int) -> None:
+        _check_batch("cache", self.lengths, batch_size)
+        if num_tokens > self.capacity:
+            raise ValueError(
+                f"appending {num_tokens} tokens exceeds the cache capacity {self.capacity}"
+            )
+        if is_concrete(self.lengths):
+            lengths = np.asarray(self.lengths)
+            if (lengths + num_tokens > self.capacity).any():
+                raise ValueError(
+                    f"appending {num_tokens} tokens to cache lengths {lengths.tolist()} exceeds "
+                    f"the cache capacity {self.capacity}"
+                )
+
+    def begin_update(self, positions: jax.Array) -> tuple[_KVWriter, tuple[jax.Array, jax.Array]]:
+        writer = _KVWriter(
+            slots=_append_slots(self.lengths, positions.shape[1]),
+            key_positions=write_slots(self.positions, positions, self.lengths),
+        )
+        return writer, (self.keys, self.values)
+
+    def finish_update(self, writer: _KVWriter, layers) -> KVCache:
+        keys, values = layers
+        return KVCache(
+            keys=keys,
+            values=values,
+            positions=writer.key_positions,
+            lengths=self.lengths + writer.slots.shape[1],
+        )
 
     @staticmethod
     def logical_axes() -> KVCache:
-        """The cache's logical axis names, as ``PartitionSpec`` leaves.
-
-        Map them to shardings with
-        ``flax.linen.logical_to_mesh_sharding(KVCache.logical_axes(), mesh, rules)``.
-        """
+        """The cache's logical axis names, as ``PartitionSpec`` leaves."""
         kv = PartitionSpec(*CACHE_KV_AXES)
         return KVCache(
             keys=kv,
             values=kv,
-            positions=PartitionSpec("cache_batch", "cache_len"),
+            positions=PartitionSpec(*CACHE_POSITION_AXES),
             lengths=PartitionSpec("cache_batch"),
         )
 
 
-def init_cache(config: LMConfig, batch_size: int, max_len: int) -> KVCache:
-    """An empty cache with ``max_len`` slots per sequence.
+def init_cache(config, batch_size: int, max_len: int) -> KVCache:
+    """An empty ``KVCache`` with ``max_len`` slots per sequence for a model of ``config``.
 
     Args:
-        config: the model's config (layers, heads, compute dtype).
+        config: the model's config (``num_layers``, ``num_kv_heads``, ``head_dim``,
+            ``dtype``, ``max_len``).
         batch_size: B.
         max_len: S, at most ``config.max_len``.
 
@@ -123,11 +303,216 @@ def init_cache(config: LMConfig, batch_size: int, max_len: int) -> KVCache:
         raise ValueError(
             f"init_cache: max_len must be in [1, config.max_len={config.max_len}], got {max_len}"
         )
-    shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
     dtype = jnp.dtype(config.dtype)
     return KVCache(
         keys=jnp.zeros(shape, dtype),
         values=jnp.zeros(shape, dtype),
         positions=jnp.full((batch_size, max_len), -1, jnp.int32),
         lengths=jnp.zeros((batch_size,), jnp.int32),
+    )
+
+
+# The ring of the last tokens -------------------------------------------------------------
+
+
+@struct.dataclass
+class _RingWriter:
+    """``SlidingWindowKVCache``'s writer for one call.
+
+    When the call's ``T`` tokens fit beside the window (``T <= slots - W + 1``) they are
+    written first and attention reads the ring; a longer call (a long prefill chunk)
+    reads the ring as it was plus the call's own keys, then keeps the last ``slots``.
+    """
+
+    slots: jax.Array  # int32 [B, T'], ring slots of the last T' = min(T, S) tokens
+    ring_positions: jax.Array  # int32 [B, S], slot positions after this call
+    view_positions: jax.Array  # int32 [B, S] or [B, S + T], positions attention reads
+    num_tokens: int = struct.field(pytree_node=False)  # T
+
+    @property
+    def read_after_write(self) -> bool:
+        return self.view_positions.shape[1] == self.ring_positions.shape[1]
+
+    def write(self, layers, layer, keys, values):
+        stored_keys, stored_values = layers
+        kept = self.slots.shape[1]
+        if self.read_after_write:
+            stored_keys = _put(stored_keys, layer, self.slots, keys)
+            stored_values = _put(stored_values, layer, self.slots, values)
+            view_keys = _layer_view(stored_keys, layer)
+            view_values = _layer_view(stored_values, layer)
+        else:
+            view_keys = jnp.concatenate(
+                [_layer_view(stored_keys, layer), keys.astype(stored_keys.dtype)], axis=1
+            )
+            view_values = jnp.concatenate(
+                [_layer_view(stored_values, layer), values.astype(stored_values.dtype)], axis=1
+            )
+            stored_keys = _put(stored_keys, layer, self.slots, keys[:, -kept:])
+            stored_values = _put(stored_values, layer, self.slots, values[:, -kept:])
+        view = KVView(keys=view_keys, values=view_values, positions=self.view_positions)
+        return view, (stored_keys, stored_values)
+
+
+@struct.dataclass
+class SlidingWindowKVCache:
+    """Keys and values of the last ``slots`` tokens, for layers that attend within a window.
+
+    Layout as ``KVCache`` with ``S = slots``; token ``i`` of a sequence (0-based, in
+    append order, padding included) sits in slot ``i % S`` until token ``i + S``
+    overwrites it. ``lengths`` counts every token ever appended, so it may exceed ``S``.
+
+    A query at position ``p`` needs the keys at positions in ``(p - W, p]``; the ring
+    holds them as long as the real tokens of a sequence are appended without padding in
+    between (left padding before the first token is fine). ``truncate`` may go back by up
+    to ``S - W + 1`` tokens; going further forgets keys that the next query needs, and the
+    sequence is then marked incomplete (``can_append`` is false, the model gives NaN
+    logits, and with concrete values the model raises).
+
+    Attributes:
+        keys, values: ``[L, B, K, S, H]``.
+        positions: int32 ``[B, S]``, the position in each slot (-1: empty or padding).
+        lengths: int32 ``[B]``, tokens appended so far.
+        complete: bool ``[B]``, whether the ring holds every key the next query needs.
+        window: W, the attention window it serves (static).
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    positions: jax.Array
+    lengths: jax.Array
+    complete: jax.Array
+    window: int = struct.field(pytree_node=False)
+
+    @property
+    def num_layers(self) -> int:
+        return self.keys.shape[0]
+
+    @property
+    def slots(self) -> int:
+        """S, the ring size."""
+        return self.keys.shape[3]
+
+    @property
+    def capacity(self) -> None:
+        """``None``: a ring takes any number of tokens."""
+        return None
+
+    @property
+    def head_shape(self) -> tuple[int, int]:
+        return self.keys.shape[2], self.keys.shape[4]
+
+    def _slot_order(self, lengths: jax.Array) -> jax.Array:
+        """int32 ``[B, S]``: the append index of the token in each slot (-1: none yet)."""
+        slots = jnp.arange(self.slots, dtype=jnp.int32)[None, :]
+        last = lengths[:, None] - 1
+        order = last - jnp.mod(last - slots, self.slots)
+        return jnp.where(order >= 0, order, -1)
+
+    def truncate(self, new_lengths: jax.Array | int) -> SlidingWindowKVCache:
+        """Forgets every token appended after the first ``new_lengths[b]``.
+
+        Raises:
+            ValueError: with concrete values, new lengths outside ``[0, lengths]``.
+        """
+        new_lengths = _new_lengths(new_lengths, self.lengths)
+        order = self._slot_order(self.lengths)
+        positions = jnp.where(order < new_lengths[:, None], self.positions, -1)
+        # The next query (token new_lengths) needs tokens from new_lengths - W + 1 on;
+        # the ring still holds tokens from lengths - S on.
+        still_held = (self.lengths <= self.slots) | (
+            self.lengths - new_lengths <= self.slots - self.window + 1
+        )
+        return self.replace(
+            positions=positions, lengths=new_lengths, complete=self.complete & still_held
+        )
+
+    def truncate_at_position(self, positions: jax.Array | int) -> SlidingWindowKVCache:
+        """Forgets every token at a position ``>= positions[b]``."""
+        order = jnp.where(self.positions >= 0, self._slot_order(self.lengths), -1)
+        return self.truncate(_positions_to_lengths(positions, self.positions, order, self.lengths))
+
+    def next_positions(self) -> jax.Array:
+        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
+
+    def can_append(self, num_tokens: int) -> jax.Array:
+        del num_tokens  # a ring takes any number
+        return self.complete
+
+    def validate_append(self, batch_size: int, num_tokens: int) -> None:
+        _check_batch("cache", self.lengths, batch_size)
+        if is_concrete(self.complete) and not np.asarray(self.complete).all():
+            raise ValueError(
+                f"the sliding-window cache was truncated back by more than slots - window + 1 "
+                f"= {self.slots - self.window + 1} tokens for sequences "
+                f"{np.flatnonzero(~np.asarray(self.complete)).tolist()}: keys the next query "
+                "needs are gone"
+            )
+
+    def begin_update(self, positions: jax.Array) -> tuple[_RingWriter, tuple[jax.Array, jax.Array]]:
+        length = positions.shape[1]
+        kept = min(length, self.slots)
+        slots = jnp.mod(_append_slots(self.lengths + length - kept, kept), self.slots)
+        rows = jnp.arange(positions.shape[0])[:, None]
+        ring_positions = self.positions.at[rows, slots].set(positions[:, length - kept :])
+        read_after_write = length <= self.slots - self.window + 1
+        view_positions = (
+            ring_positions
+            if read_after_write
+            else jnp.concatenate([self.positions, positions], axis=1)
+        )
+        writer = _RingWriter(
+            slots=slots,
+            ring_positions=ring_positions,
+            view_positions=view_positions,
+            num_tokens=length,
+        )
+        return writer, (self.keys, self.values)
+
+    def finish_update(self, writer: _RingWriter, layers) -> SlidingWindowKVCache:
+        keys, values = layers
+        return self.replace(
+            keys=keys,
+            values=values,
+            positions=writer.ring_positions,
+            lengths=self.lengths + writer.num_tokens,
+        )
+
+    def logical_axes(self) -> SlidingWindowKVCache:
+        kv = PartitionSpec(*CACHE_KV_AXES)
+        return self.replace(
+            keys=kv,
+            values=kv,
+            positions=PartitionSpec(*CACHE_POSITION_AXES),
+            lengths=PartitionSpec("cache_batch"),
+            complete=PartitionSpec("cache_batch"),
+        )
+
+
+def init_sliding_window_cache(
+    config, batch_size: int, window: int, slots: int
+) -> SlidingWindowKVCache:
+    """An empty ring of ``slots >= window`` tokens per sequence for a model of ``config``.
+
+    Raises:
+        ValueError: non-positive sizes or ``slots < window``.
+    """
+    if batch_size <= 0:
+        raise ValueError(
+            f"init_sliding_window_cache: batch_size must be positive, got {batch_size}"
+        )
+    if not 0 < window <= slots:
+        raise ValueError(
+            f"init_sliding_window_cache: need 0 < window <= slots, got {window=} {slots=}"
+        )
+    shape = (config.num_layers, batch_size, config.num_kv_heads, slots, config.head_dim)
+    dtype = jnp.dtype(config.dtype)
+    return SlidingWindowKVCache(
+        keys=jnp.zeros(shape, dtype),
+        values=jnp.zeros(shape, dtype),
+        positions=jnp.full((batch_size, slots), -1, jnp.int32),
+        lengths=jnp.zeros((batch_size,), jnp.int32),
+        complete=jnp.ones((batch_size,), bool),
+        window=int(window),
     )

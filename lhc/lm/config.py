@@ -50,6 +50,11 @@ class LMConfig:
             blocks with ``nn.scan`` (one compiled block; faster compiles for deep models).
         remat_policy: one of ``lhc.nn.REMAT_POLICIES`` (``"none"`` disables remat).
         attention_impl: name given to ``lhc.nn.dot_product_attention``.
+        sliding_window: ``None``, or ``W``: a query at position ``p`` attends only to
+            keys at positions in ``(p - W, p]`` (Mistral, Qwen2 with sliding windows).
+        full_attention_layers: layers that attend fully although ``sliding_window`` is
+            set (Qwen2's ``max_window_layers``); empty means every layer slides. Not
+            combinable with ``scan_layers``, whose layers share one window.
     """
 
     vocab_size: int
@@ -70,6 +75,8 @@ class LMConfig:
     scan_layers: bool = False
     remat_policy: str = "none"
     attention_impl: str = "xla"
+    sliding_window: int | None = None
+    full_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in (
@@ -102,6 +109,28 @@ class LMConfig:
             )
         if not isinstance(self.attention_impl, str):
             raise ValueError(f"LMConfig.attention_impl must be a str, got {self.attention_impl!r}")
+        window = self.sliding_window
+        if window is not None and (
+            isinstance(window, bool) or not isinstance(window, int) or window < 1
+        ):
+            raise ValueError(f"LMConfig.sliding_window must be None or an int >= 1, got {window!r}")
+        full_layers = tuple(sorted({int(layer) for layer in self.full_attention_layers}))
+        if any(not 0 <= layer < self.num_layers for layer in full_layers):
+            raise ValueError(
+                f"LMConfig.full_attention_layers must lie in [0, num_layers={self.num_layers}), "
+                f"got {self.full_attention_layers!r}"
+            )
+        if full_layers and window is None:
+            raise ValueError("LMConfig.full_attention_layers needs a sliding_window")
+        if full_layers and self.scan_layers and len(full_layers) < self.num_layers:
+            raise ValueError(
+                "LMConfig.scan_layers runs every layer with one window; full_attention_layers "
+                f"{full_layers} mixes windows (use scan_layers=False)"
+            )
+        if window is not None and len(full_layers) == self.num_layers:
+            window, full_layers = None, ()  # no layer slides
+        object.__setattr__(self, "sliding_window", window)
+        object.__setattr__(self, "full_attention_layers", full_layers)
         scaling = validate_rope_scaling(self.rope_scaling)
         object.__setattr__(self, "rope_scaling", None if scaling is None else FrozenDict(scaling))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype, "LMConfig.dtype"))
@@ -122,6 +151,7 @@ class LMConfig:
         """A JSON-friendly dict that ``from_dict`` turns back into this config."""
         out = dataclasses.asdict(self)
         out["rope_scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
+        out["full_attention_layers"] = list(self.full_attention_layers)
         return out
 
     @classmethod
@@ -131,6 +161,10 @@ class LMConfig:
         if unknown:
             raise ValueError(f"unknown LMConfig keys {unknown}")
         return cls(**dict(values))
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (``None``: full causal attention)."""
+        return None if layer in self.full_attention_layers else self.sliding_window
 
     @property
     def num_query_groups(self) -> int:

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from lhc.lm.cache import KVCache
 from lhc.lm.sampling import SamplingParams, sample_tokens
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
@@ -231,15 +230,11 @@ def rules_context(rules: tuple | None):
 
 
 def empty_cache(model: nn.Module, batch_size: int, cache_len: int):
-    """``model.init_cache``, with a ``KVCache`` constrained to its logical axes."""
+    """``model.init_cache``, constrained to the cache's logical axes."""
     cache = model.init_cache(batch_size, cache_len)
-    if isinstance(cache, KVCache):
-        cache = jax.tree.map(
-            lambda x, spec: nn.with_logical_constraint(x, tuple(spec)),
-            cache,
-            KVCache.logical_axes(),
-        )
-    return cache
+    return jax.tree.map(
+        lambda x, spec: nn.with_logical_constraint(x, tuple(spec)), cache, cache.logical_axes()
+    )
 
 
 @functools.partial(

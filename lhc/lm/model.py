@@ -1,4 +1,4 @@
-"""The decoder-only Transformer (Llama / Qwen2 layout) and its causal-LM protocol.
+"""The decoder-only Transformer (Llama / Qwen2 / Mistral layout) and its causal-LM protocol.
 
 ``logits, cache = model.apply({"params": params}, tokens, positions, cache)``:
 
@@ -6,10 +6,20 @@
   padding: it is never attended to and its logits are meaningless. Left-padded batches
   give each prompt positions ``0 .. len-1`` in its last ``len`` columns and ``-1`` before.
 * ``cache=None``: a plain (training) forward pass; the returned cache is ``None``.
-* ``cache``: a ``KVCache`` (from ``init_cache`` or ``model.init_cache``); the ``T``
-  tokens are appended at each sequence's own length and attend to everything cached
-  before them; the updated cache is returned.
-* ``logits``: float32 ``[B, T, V]``.
+* ``cache``: any cache of the protocol in ``lhc.lm.cache`` (``KVCache``,
+  ``SlidingWindowKVCache``, or another implementation of its per-layer interface); the
+  ``T`` tokens are appended and attend to what the cache holds; the updated cache is
+  returned.
+* ``logits``: float32 ``[B, T, V]`` (``[B, 1, V]``, the last column only, with
+  ``last_only=True``: the last prompt token of a left-padded prompt).
+
+Keyword inputs: ``embeddings`` float ``[B, T, D]`` replace the token embeddings (all of
+them, with ``tokens=None``, or where ``embedding_mask`` ``[B, T]`` is set, interleaved
+with token ids: image patches inside a text prompt); ``intervention`` (an
+``lhc.nn.Intervention``) edits the residual stream or the attention output of chosen
+layers and tokens. ``mutable=["intermediates"]`` records, per layer, the residual stream
+after the block (``residual``) and the attention output (``attention_out``), both after any
+intervention.
 
 Parameter tree (``scan_layers=False``)::
 
@@ -38,9 +48,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.lm.cache import KVCache, init_cache
+from lhc.lm.cache import (
+    Cache,
+    KVCache,
+    SlidingWindowKVCache,
+    init_cache,
+    init_sliding_window_cache,
+    is_concrete,
+)
 from lhc.lm.config import LMConfig
-from lhc.nn.attention import Attention, write_slots
+from lhc.nn.attention import Attention, LayerCache
+from lhc.nn.intervention import Intervention, apply_edit
 from lhc.nn.linear import Einsum, Embed
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
@@ -48,43 +66,56 @@ from lhc.nn.remat import remat_policy
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
 
+# A sliding-window model's ring keeps this many tokens beyond its window, so that
+# speculative rollback and prefill chunks of up to this many tokens stay exact.
+RING_HEADROOM = 128
+
 
 class Block(nn.Module):
     """Pre-norm Transformer block: ``x + attn(norm(x))`` then ``h + mlp(norm(h))``.
 
-    The call signature ``(x, *per_layer_inputs) -> (x, per_layer_outputs)`` is the
-    carry/scan signature of ``nn.scan``.
+    The call signature ``(carry, *per_call_inputs) -> (carry, None)`` is the scan
+    signature of ``nn.scan``: the carry is the residual stream and the cache's stacked
+    per-layer storage, which each block updates in place for its own layer.
+
+    Attributes:
+        config: the model's config.
+        window: this layer's attention window (``None``: full causal attention).
     """
 
     config: LMConfig
+    window: int | None = None
 
     @nn.compact
     def __call__(
         self,
-        x: jax.Array,
+        carry: tuple[jax.Array, Any],
         positions: jax.Array,
-        key_positions: jax.Array,
-        kv_cache: tuple[jax.Array, jax.Array] | None,
-        write_index: jax.Array | None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        writer: Any,
+        intervention: Intervention | None,
+        layer: int | jax.Array,
+    ) -> tuple[tuple[jax.Array, Any], None]:
         """One block.
 
         Args:
-            x: ``[B, T, D]`` residual stream.
+            carry: ``(x, layers)``: ``x`` ``[B, T, D]``, the residual stream, and the
+                cache's per-layer storage stacked over layers (``None`` without a cache).
             positions: int32 ``[B, T]``.
-            key_positions: int32 ``[B, S]`` (``S = T`` without a cache).
-            kv_cache: this layer's ``(keys, values)``, each ``[B, S, K, H]``, or ``None``.
-            write_index: int32 ``[B]`` first slot written per sequence, or ``None``.
+            writer: the cache's writer for this call (``None`` without a cache).
+            intervention: this layer's slice of an ``Intervention``, or ``None``.
+            layer: this block's index into the stacked storage.
 
         Returns:
-            ``(x, kv_cache)``.
+            ``((x, layers), None)``.
         """
+        x, layers = carry
         cfg = self.config
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         norm = functools.partial(
             RMSNorm, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype
         )
-        attended, kv_cache = Attention(
+        cache = None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
+        attended, cache = Attention(
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
@@ -92,19 +123,24 @@ class Block(nn.Module):
             rope_scaling=cfg.rope_scaling,
             qkv_bias=cfg.qkv_bias,
             attention_impl=cfg.attention_impl,
+            window=self.window,
             dtype=dtype,
             param_dtype=param_dtype,
             name="attention",
-        )(norm(name="attention_norm")(x), positions, key_positions, kv_cache, write_index)
+        )(norm(name="attention_norm")(x), positions, cache)
+        edits = intervention if intervention is not None else Intervention()
+        attended = apply_edit(edits.attention, attended)
+        self.sow("intermediates", "attention_out", attended)
         x = nn.with_logical_constraint(x + attended, _RESIDUAL_AXES)
         mlp_out = SwiGLU(cfg.mlp_dim, dtype=dtype, param_dtype=param_dtype, name="mlp")(
             norm(name="mlp_norm")(x)
         )
         x = nn.with_logical_constraint(x + mlp_out, _RESIDUAL_AXES)
+        x = apply_edit(edits.residual, x)
         # Residual stream after each block, for probing and task vectors:
         # model.apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "residual", x)
-        return x, kv_cache
+        return (x, None if cache is None else cache.layers), None
 
 
 def _block_class(config: LMConfig):
@@ -117,54 +153,97 @@ def _block_class(config: LMConfig):
     )
 
 
-def _check_inputs(config: LMConfig, tokens, positions, cache: KVCache | None) -> None:
-    if tokens.ndim != 2 or positions.shape != tokens.shape:
-        raise ValueError(
-            f"tokens and positions must both be int [B, T]; got {tokens.shape=} {positions.shape=}"
-        )
-    if not (
-        jnp.issubdtype(tokens.dtype, jnp.integer) and jnp.issubdtype(positions.dtype, jnp.integer)
-    ):
-        raise ValueError(
-            f"tokens and positions must be integer; got {tokens.dtype=} {positions.dtype=}"
-        )
-    batch_size, length = tokens.shape
-    if length > config.max_len:
-        raise ValueError(
-            f"input length {length} exceeds the model's max_len {config.max_len} (tokens {tokens.shape})"
-        )
-    if not isinstance(tokens, jax.core.Tracer):
+def _check_concrete_ids(config: LMConfig, tokens, positions) -> None:
+    if tokens is not None and is_concrete(tokens):
         tokens_np = np.asarray(tokens)
         if tokens_np.size and (tokens_np.min() < 0 or tokens_np.max() >= config.vocab_size):
             raise ValueError(
                 f"token ids must lie in [0, vocab_size={config.vocab_size}); got min "
                 f"{tokens_np.min()} max {tokens_np.max()}"
             )
-    if not isinstance(positions, jax.core.Tracer):
+    if is_concrete(positions):
         positions_np = np.asarray(positions)
         if positions_np.size and positions_np.max() >= config.max_len:
             raise ValueError(
                 f"positions must be below max_len {config.max_len}; got max {positions_np.max()}"
             )
-    if cache is None:
-        return
-    if not isinstance(cache, KVCache):
-        raise ValueError(f"cache must be a KVCache or None, got {type(cache).__name__}")
-    expected = (config.num_layers, batch_size, cache.capacity, config.num_kv_heads, config.head_dim)
-    if cache.keys.shape != expected or cache.values.shape != expected:
+
+
+def _check_cache(config: LMConfig, cache, batch_size: int, length: int) -> None:
+    if not isinstance(cache, Cache) or not hasattr(cache, "begin_update"):
         raise ValueError(
-            f"cache keys/values must be [L, B, S, K, H] = {expected}; got "
-            f"{cache.keys.shape} and {cache.values.shape}"
+            "cache must be None or a cache of the protocol in lhc.lm.cache with the "
+            f"per-layer interface (begin_update / finish_update); got {type(cache).__name__}"
         )
-    if length > cache.capacity:
-        raise ValueError(f"appending {length} tokens exceeds the cache capacity {cache.capacity}")
-    if not isinstance(cache.lengths, jax.core.Tracer):
-        lengths = np.asarray(cache.lengths)
-        if (lengths + length > cache.capacity).any():
+    if isinstance(cache, (KVCache, SlidingWindowKVCache)):
+        expected = (config.num_kv_heads, config.head_dim)
+        if cache.num_layers != config.num_layers or cache.head_shape != expected:
             raise ValueError(
-                f"appending {length} tokens to cache lengths {lengths.tolist()} exceeds the "
-                f"cache capacity {cache.capacity}"
+                f"cache keys/values must be [L, B, K, S, H] with L={config.num_layers}, "
+                f"(K, H)={expected}; got {cache.keys.shape}"
             )
+    if isinstance(cache, SlidingWindowKVCache):
+        if config.sliding_window is None or config.full_attention_layers:
+            raise ValueError(
+                "a SlidingWindowKVCache needs a model whose layers all attend within a "
+                f"window; this one has sliding_window={config.sliding_window}, "
+                f"full_attention_layers={config.full_attention_layers}"
+            )
+        if cache.window < config.sliding_window:
+            raise ValueError(
+                f"the cache serves a window of {cache.window} tokens, the model attends "
+                f"within {config.sliding_window}"
+            )
+    cache.validate_append(batch_size, length)
+
+
+def _check_inputs(
+    config: LMConfig, tokens, positions, cache, embeddings, embedding_mask, intervention
+) -> None:
+    if positions.ndim != 2 or not jnp.issubdtype(positions.dtype, jnp.integer):
+        raise ValueError(f"positions must be int [B, T]; got {positions.shape=} {positions.dtype=}")
+    if tokens is None:
+        if embeddings is None:
+            raise ValueError("give tokens, embeddings, or both (with an embedding_mask)")
+    elif tokens.shape != positions.shape or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens and positions must both be int [B, T]; got {tokens.shape=} "
+            f"{positions.shape=} {tokens.dtype=}"
+        )
+    batch_size, length = positions.shape
+    if (embedding_mask is not None) != (tokens is not None and embeddings is not None):
+        raise ValueError(
+            "embedding_mask [B, T] chooses between tokens and embeddings: give it exactly when "
+            f"both are given (tokens: {tokens is not None}, embeddings: "
+            f"{embeddings is not None}, embedding_mask: {embedding_mask is not None})"
+        )
+    if embeddings is not None:
+        expected = (batch_size, length, config.embed_dim)
+        if embeddings.shape != expected or not jnp.issubdtype(embeddings.dtype, jnp.floating):
+            raise ValueError(
+                f"embeddings must be float [B, T, D] = {expected}; got {embeddings.shape=} "
+                f"{embeddings.dtype=}"
+            )
+    if embedding_mask is not None and embedding_mask.shape != (batch_size, length):
+        raise ValueError(f"{embedding_mask.shape=} must be {(batch_size, length)}")
+    if length > config.max_len:
+        raise ValueError(
+            f"input length {length} exceeds the model's max_len {config.max_len} "
+            f"(positions {positions.shape})"
+        )
+    _check_concrete_ids(config, tokens, positions)
+    if intervention is not None:
+        if not isinstance(intervention, Intervention):
+            raise ValueError(
+                f"intervention must be an lhc.nn.Intervention, got {type(intervention).__name__}"
+            )
+        if intervention.num_layers not in (0, config.num_layers):
+            raise ValueError(
+                f"the intervention covers {intervention.num_layers} layers, the model has "
+                f"{config.num_layers}"
+            )
+    if cache is not None:
+        _check_cache(config, cache, batch_size, length)
 
 
 class Transformer(nn.Module):
@@ -177,20 +256,48 @@ class Transformer(nn.Module):
     config: LMConfig
 
     @nn.nowrap
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty ``KVCache`` for this model (works on an unbound module)."""
-        return init_cache(self.config, batch_size, max_len)
+    def init_cache(self, batch_size: int, max_len: int) -> Cache:
+        """An empty cache for up to ``max_len`` tokens per sequence (works unbound).
+
+        A model whose layers all attend within a sliding window gets a
+        ``SlidingWindowKVCache`` of ``window + RING_HEADROOM`` slots when that is smaller
+        than ``max_len``; otherwise a ``KVCache`` of ``max_len`` slots.
+        """
+        cfg = self.config
+        window = cfg.sliding_window
+        if window is not None and not cfg.full_attention_layers:
+            if not 0 < max_len <= cfg.max_len:
+                raise ValueError(
+                    f"init_cache: max_len must be in [1, config.max_len={cfg.max_len}], "
+                    f"got {max_len}"
+                )
+            if max_len > window + RING_HEADROOM:
+                return init_sliding_window_cache(cfg, batch_size, window, window + RING_HEADROOM)
+        return init_cache(cfg, batch_size, max_len)
 
     @nn.compact
     def __call__(
-        self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
-    ) -> tuple[jax.Array, KVCache | None]:
+        self,
+        tokens: jax.Array | None,
+        positions: jax.Array,
+        cache: Cache | None = None,
+        *,
+        embeddings: jax.Array | None = None,
+        embedding_mask: jax.Array | None = None,
+        intervention: Intervention | None = None,
+        last_only: bool = False,
+    ) -> tuple[jax.Array, Cache | None]:
         """Runs the model on ``T`` new tokens per sequence.
 
         Args:
-            tokens: int32 ``[B, T]``.
+            tokens: int32 ``[B, T]``, or ``None`` when ``embeddings`` give every input.
             positions: int32 ``[B, T]``; negative marks padding.
-            cache: ``None`` or the ``KVCache`` the tokens are appended to.
+            cache: ``None`` or the cache the tokens are appended to.
+            embeddings: float ``[B, T, D]`` input embeddings (see the module docstring).
+            embedding_mask: bool ``[B, T]``: where set, ``embeddings`` replace the
+                embeddings of ``tokens``.
+            intervention: edits of activations (``lhc.nn.Intervention``).
+            last_only: compute the logits of the last column only (``[B, 1, V]``).
 
         Returns:
             ``(logits, cache)``: float32 ``[B, T, V]`` and the updated cache (``None`` if
@@ -203,45 +310,51 @@ class Transformer(nn.Module):
                 that overflows its cache gets NaN logits.
         """
         cfg = self.config
-        _check_inputs(cfg, tokens, positions, cache)
-        tokens = tokens.astype(jnp.int32)
+        _check_inputs(cfg, tokens, positions, cache, embeddings, embedding_mask, intervention)
         positions = positions.astype(jnp.int32)
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
 
         embed = Embed(
             cfg.vocab_size, cfg.embed_dim, dtype=dtype, param_dtype=param_dtype, name="embed"
         )
-        x = nn.with_logical_constraint(embed.encode(tokens), _RESIDUAL_AXES)
+        if tokens is not None:
+            x = embed.encode(tokens.astype(jnp.int32))
+        if embeddings is not None:
+            given = embeddings.astype(dtype)
+            x = given if tokens is None else jnp.where(embedding_mask[..., None], given, x)
+        x = nn.with_logical_constraint(x, _RESIDUAL_AXES)
 
-        if cache is None:
-            key_positions, write_index, layer_caches = positions, None, None
-        else:
-            write_index = cache.lengths
-            key_positions = write_slots(cache.positions, positions, write_index)
-            layer_caches = (cache.keys, cache.values)
-
+        writer, layers = (None, None) if cache is None else cache.begin_update(positions)
         block_class = _block_class(cfg)
         if cfg.scan_layers:
-            x, layer_caches = nn.scan(
+            (x, layers), _ = nn.scan(
                 block_class,
                 variable_axes={"params": 0, "intermediates": 0},
                 split_rngs={"params": True},
-                in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                in_axes=(nn.broadcast, nn.broadcast, 0, 0),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
-            )(cfg, name="layers")(x, positions, key_positions, layer_caches, write_index)
+            )(cfg, window=cfg.sliding_window, name="layers")(
+                (x, layers),
+                positions,
+                writer,
+                intervention,
+                jnp.arange(cfg.num_layers, dtype=jnp.int32),
+            )
         else:
-            keys, values = (None, None) if cache is None else layer_caches
             for layer in range(cfg.num_layers):
-                layer_cache = None if cache is None else (keys[layer], values[layer])
-                x, layer_cache = block_class(cfg, name=f"layers_{layer}")(
-                    x, positions, key_positions, layer_cache, write_index
+                (x, layers), _ = block_class(
+                    cfg, window=cfg.layer_window(layer), name=f"layers_{layer}"
+                )(
+                    (x, layers),
+                    positions,
+                    writer,
+                    None if intervention is None else intervention.layer(layer),
+                    layer,
                 )
-                if cache is not None:
-                    keys = keys.at[layer].set(layer_cache[0])
-                    values = values.at[layer].set(layer_cache[1])
-            layer_caches = None if cache is None else (keys, values)
 
+        if last_only:
+            x = x[:, -1:]
         x = RMSNorm(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(
             x
         )
@@ -261,18 +374,11 @@ class Transformer(nn.Module):
 
         if cache is None:
             return logits, None
-        # Under jit the overflow check above cannot see the lengths, and the slot writes
-        # would clamp onto the last slots. A sequence that overflowed gets NaN logits
-        # instead of silently wrong ones.
-        overflow = cache.lengths + tokens.shape[1] > cache.capacity
-        logits = jnp.where(overflow[:, None, None], jnp.nan, logits)
-        new_cache = KVCache(
-            keys=layer_caches[0],
-            values=layer_caches[1],
-            positions=key_positions,
-            lengths=cache.lengths + tokens.shape[1],
-        )
-        return logits, new_cache
+        # Under jit the checks above cannot see the lengths, and writes past the end are
+        # dropped. A sequence that overflowed gets NaN logits instead of wrong ones.
+        fits = cache.can_append(positions.shape[1])
+        logits = jnp.where(fits[:, None, None], logits, jnp.nan)
+        return logits, cache.finish_update(writer, layers)
 
 
 def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any]:

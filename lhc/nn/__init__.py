@@ -3,12 +3,16 @@
 from lhc.nn.attention import (
     Attention,
     AttentionImpl,
+    KVView,
+    LayerCache,
+    LayerWriter,
     attention_impls,
     attention_mask,
     dot_product_attention,
     register_attention_impl,
     write_slots,
 )
+from lhc.nn.intervention import Edit, Intervention
 from lhc.nn.linear import Einsum, Embed
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
@@ -22,6 +26,13 @@ __all__ = [
     "Embed",
     "RMSNorm",
     "SwiGLU",
+    # Caches as attention reads them.
+    "KVView",
+    "LayerCache",
+    "LayerWriter",
+    # Interventions on activations.
+    "Edit",
+    "Intervention",
     # Attention functions and kernel dispatch.
     "AttentionImpl",
     "attention_impls",

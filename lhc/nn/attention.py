@@ -8,7 +8,14 @@ the same arguments and honours the same mask, which is built from positions:
 * a query or key whose position is negative is padding; no query attends to a padding
   key, and a padding query's output is zero;
 * otherwise a query at position ``p`` attends to every key at position ``<= p``
-  (causality by position, so a cache may hold tokens in any slot order).
+  (causality by position, so a cache may hold tokens in any slot order);
+* with a sliding ``window`` of ``W`` tokens, only to keys at positions in ``(p - W, p]``.
+
+The ``Attention`` layer reads and writes a cache through ``LayerCache``: a handle on one
+layer of a model's cache (``lhc.lm.cache`` describes the protocol). The handle's writer
+receives this call's keys, values and positions and returns a ``KVView``, what the layer
+attends to (keys, values and their positions, which may differ from layer to layer); a
+view may also compute the attention itself (a quantized store reads its own codes).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.ad_checkpoint import checkpoint_name
 from jax.typing import DTypeLike
 
@@ -37,40 +45,71 @@ class AttentionImpl(Protocol):
         key_positions: jax.Array,
         *,
         scale: float,
+        window: int | None = None,
     ) -> jax.Array: ...
 
 
-def attention_mask(query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
+def attention_mask(
+    query_positions: jax.Array, key_positions: jax.Array, window: int | None = None
+) -> jax.Array:
     """Which keys each query may attend to.
 
     Args:
         query_positions: int ``[B, T]``; negative marks padding.
         key_positions: int ``[B, S]``; negative marks padding or an empty cache slot.
+        window: ``None`` (full causal attention) or ``W >= 1``: a query at position
+            ``p`` sees keys at positions in ``(p - W, p]``.
 
     Returns:
-        bool ``[B, T, S]``: key position ``>= 0``, query position ``>= 0`` and
-        key position ``<=`` query position.
+        bool ``[B, T, S]``: key position ``>= 0``, query position ``>= 0``, key position
+        ``<=`` query position and, with a window, ``query - key < W``.
     """
     q = query_positions[:, :, None]
     k = key_positions[:, None, :]
-    return (k >= 0) & (q >= 0) & (k <= q)
+    mask = (k >= 0) & (q >= 0) & (k <= q)
+    if window is not None:
+        mask &= q - k < window
+    return mask
 
 
-def _xla_attention(query, key, value, query_positions, key_positions, *, scale):
+def _xla_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
     batch, length, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads
     grouped_query = query.reshape(batch, length, num_kv_heads, group, head_dim)
     logits = jnp.einsum("BTKGH,BSKH->BKGTS", grouped_query, key, preferred_element_type=jnp.float32)
     logits = logits * jnp.float32(scale)
-    mask = attention_mask(query_positions, key_positions)[:, None, None]  # [B, 1, 1, T, S]
+    mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
     # A finite fill keeps fully masked rows (padding queries) free of NaN; their
     # probabilities are zeroed below.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
     probs = jnp.where(mask.any(axis=-1, keepdims=True), probs, 0.0)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs.astype(value.dtype), value)
-    return out.reshape(batch, length, num_heads, head_dim)
+    out = weighted_values(probs, value)
+    return out.reshape(batch, length, num_heads, head_dim).astype(value.dtype)
+
+
+def weighted_values(probs: jax.Array, value: jax.Array) -> jax.Array:
+    """float32 ``[B, T, K, G, H]``: ``probs [B, K, G, T, S]`` times ``value [B, S, K, H]``.
+
+    The products accumulate in float32 whatever the value dtype. XLA's CPU runtime has
+    no bfloat16 x bfloat16 -> float32 matmul, so there both operands are widened (XLA
+    CPU widens bfloat16 matmuls to float32 anyway); TPU and GPU multiply in the value
+    dtype with a float32 accumulator.
+    """
+    equation = "BKGTS,BSKH->BTKGH"
+
+    def native(probs, value):
+        return jnp.einsum(
+            equation, probs.astype(value.dtype), value, preferred_element_type=jnp.float32
+        )
+
+    def widened(probs, value):
+        return jnp.einsum(equation, probs.astype(jnp.float32), value.astype(jnp.float32))
+
+    if value.dtype == jnp.float32:
+        return native(probs, value)
+    return jax.lax.platform_dependent(probs, value, cpu=widened, default=native)
 
 
 _IMPLEMENTATIONS: dict[str, AttentionImpl] = {"xla": _xla_attention}
@@ -101,10 +140,11 @@ def dot_product_attention(
     *,
     impl: str = "xla",
     scale: float | None = None,
+    window: int | None = None,
 ) -> jax.Array:
     """Softmax attention with grouped-query heads and a position mask.
 
-    Scores and softmax are float32; the weighted sum of values runs in the value dtype.
+    Scores, softmax and the weighted sum of values accumulate in float32.
 
     Args:
         query: ``[B, T, N, H]``.
@@ -115,6 +155,7 @@ def dot_product_attention(
         key_positions: int ``[B, S]``.
         impl: a name from ``attention_impls()``.
         scale: multiplies the scores; ``H ** -0.5`` by default.
+        window: ``None`` or the sliding-window length ``W >= 1`` (see ``attention_mask``).
 
     Returns:
         ``[B, T, N, H]`` in the value dtype.
@@ -137,10 +178,16 @@ def dot_product_attention(
         raise ValueError(f"{key_positions.shape=} must be {key.shape[:2]}")
     if impl not in _IMPLEMENTATIONS:
         raise ValueError(f"attention impl must be one of {attention_impls()}, got {impl!r}")
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int) or window < 1
+    ):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")
     if scale is None:
         scale = head_dim**-0.5
+    # An implementation without sliding windows may leave out the window argument.
+    extra = {} if window is None else {"window": window}
     return _IMPLEMENTATIONS[impl](
-        query, key, value, query_positions, key_positions, scale=float(scale)
+        query, key, value, query_positions, key_positions, scale=float(scale), **extra
     )
 
 
@@ -149,20 +196,91 @@ def write_slots(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.A
 
     Args:
         buffer: ``[B, S, ...]``.
-        update: ``[B, T, ...]`` (same trailing shape and dtype as ``buffer``).
+        update: ``[B, T, ...]`` (same trailing shape as ``buffer``).
         start: int ``[B]``; sequence ``b`` is written to slots ``start[b] : start[b] + T``.
-            The caller guarantees ``start + T <= S`` (XLA would clamp the start).
 
     Returns:
-        ``buffer`` with the slots replaced.
+        ``buffer`` with the slots replaced. Slots past ``S`` are dropped, never clamped
+        onto the last slots (a caller that overflows detects it from the lengths).
     """
-    return jax.vmap(lambda buf, upd, at: jax.lax.dynamic_update_slice_in_dim(buf, upd, at, 0))(
-        buffer, update.astype(buffer.dtype), start
-    )
+    batch, length = update.shape[:2]
+    slots = start[:, None] + jnp.arange(length, dtype=start.dtype)[None, :]
+    rows = jnp.arange(batch)[:, None]
+    return buffer.at[rows, slots].set(update.astype(buffer.dtype), mode="drop")
+
+
+@struct.dataclass
+class KVView:
+    """What one attention layer attends to after a cache took this call's keys and values.
+
+    Attributes:
+        keys: ``[B, S, K, H]``.
+        values: ``[B, S, K, H]``.
+        positions: int32 ``[B, S]``, the position of each key (negative: empty or padding).
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    positions: jax.Array
+
+    def attend(
+        self,
+        query: jax.Array,
+        query_positions: jax.Array,
+        *,
+        impl: str,
+        window: int | None,
+        dtype: DTypeLike,
+    ) -> jax.Array:
+        """``[B, T, N, H]`` attention of ``query`` over this view (see ``dot_product_attention``).
+
+        Caches that store something other than plain keys and values (quantized codes)
+        return a view that overrides this method.
+        """
+        return dot_product_attention(
+            query,
+            self.keys.astype(dtype),
+            self.values.astype(dtype),
+            query_positions,
+            self.positions,
+            impl=impl,
+            window=window,
+        )
+
+
+class LayerWriter(Protocol):
+    """How a cache takes one layer's keys and values (``lhc.lm.cache`` has the protocol)."""
+
+    def write(
+        self, layers: Any, layer: int | jax.Array, keys: jax.Array, values: jax.Array
+    ) -> tuple[KVView, Any]: ...
+
+
+@struct.dataclass
+class LayerCache:
+    """One layer's handle on a model cache during one call.
+
+    Attributes:
+        writer: the cache's ``LayerWriter`` for this call (shared by every layer).
+        layers: the cache's per-layer storage, stacked over layers (a pytree whose leaves
+            lead with ``[L]``); passed whole so that a layer updates its slice in place.
+        layer: this layer's index into ``layers`` (an int, or a traced scalar under
+            ``nn.scan``).
+    """
+
+    writer: Any
+    layers: Any
+    layer: Any
+
+    def update(self, keys: jax.Array, values: jax.Array) -> tuple[KVView, LayerCache]:
+        """Stores this call's ``keys`` / ``values`` ``[B, T, K, H]``; returns the view and
+        the handle on the updated storage."""
+        view, layers = self.writer.write(self.layers, self.layer, keys, values)
+        return view, self.replace(layers=layers)
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE and an optional key/value cache.
+    """Grouped-query self-attention with RoPE and an optional cache.
 
     Attributes:
         num_heads: N, query heads.
@@ -172,6 +290,8 @@ class Attention(nn.Module):
         rope_scaling: see ``lhc.nn.rope.validate_rope_scaling``.
         qkv_bias: biases on the query, key and value projections (Qwen2).
         attention_impl: name passed to ``dot_product_attention``.
+        window: ``None``, or the sliding-window length ``W``: a query at position ``p``
+            sees keys at positions in ``(p - W, p]``.
         dtype: compute dtype.
         param_dtype: storage dtype.
     """
@@ -183,32 +303,24 @@ class Attention(nn.Module):
     rope_scaling: Mapping[str, Any] | None = None
     qkv_bias: bool = False
     attention_impl: str = "xla"
+    window: int | None = None
     dtype: DTypeLike = jnp.float32
     param_dtype: DTypeLike = jnp.float32
 
     @nn.compact
     def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        key_positions: jax.Array | None = None,
-        kv_cache: tuple[jax.Array, jax.Array] | None = None,
-        write_index: jax.Array | None = None,
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
+    ) -> tuple[jax.Array, LayerCache | None]:
         """Attends the tokens of ``x`` to themselves, or to the cache they are appended to.
 
         Args:
             x: ``[B, T, D]``.
             positions: int ``[B, T]`` positions of the tokens of ``x`` (negative: padding).
-            key_positions: int ``[B, S]`` positions of the cache slots after this call's
-                tokens are written (negative: padding or empty); required with a cache.
-            kv_cache: ``(keys, values)``, each ``[B, S, K, H]``, or ``None`` for a plain
-                forward pass.
-            write_index: int ``[B]``, the first slot each sequence writes to.
+            cache: ``None`` for a plain forward pass, or this layer's ``LayerCache``.
 
         Returns:
-            ``(y, kv_cache)`` with ``y`` ``[B, T, D]`` and the updated cache (``None``
-            without one).
+            ``(y, cache)``: ``y`` ``[B, T, D]`` and the updated handle (``None`` without
+            a cache).
         """
         embed_dim = x.shape[-1]
         num_heads, num_kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
@@ -238,29 +350,12 @@ class Attention(nn.Module):
         key = nn.with_logical_constraint(key, kv_axes)
         value = nn.with_logical_constraint(value, kv_axes)
 
-        if kv_cache is None:
-            keys, values = key, value
-            key_positions = positions if key_positions is None else key_positions
-            new_cache = None
+        if cache is None:
+            view = KVView(keys=key, values=value, positions=positions)
         else:
-            if key_positions is None or write_index is None:
-                raise ValueError("a kv_cache needs key_positions and write_index")
-            cache_axes = ("cache_batch", "cache_len", "cache_kv_heads", "cache_kv")
-            keys = nn.with_logical_constraint(
-                write_slots(kv_cache[0], key, write_index), cache_axes
-            )
-            values = nn.with_logical_constraint(
-                write_slots(kv_cache[1], value, write_index), cache_axes
-            )
-            new_cache = (keys, values)
-
-        attended = dot_product_attention(
-            query,
-            keys.astype(self.dtype),
-            values.astype(self.dtype),
-            positions,
-            key_positions,
-            impl=self.attention_impl,
+            view, cache = cache.update(key, value)
+        attended = view.attend(
+            query, positions, impl=self.attention_impl, window=self.window, dtype=self.dtype
         )
         out = Einsum(
             shape=(num_heads, head_dim, embed_dim),
@@ -270,4 +365,4 @@ class Attention(nn.Module):
             param_dtype=self.param_dtype,
             name="out",
         )("BTNH,NHD->BTD", attended)
-        return checkpoint_name(out, remat.ATTENTION_OUT), new_cache
+        return checkpoint_name(out, remat.ATTENTION_OUT), cache

@@ -266,8 +266,11 @@ def test_input_validation_errors():
         apply(_tokens(config, 1, 3), jnp.array([[6, 7, 8]], jnp.int32), cache)
     with pytest.raises(ValueError, match="capacity"):
         apply(_tokens(config, 1, 9), _positions(1, 9), model.init_cache(1, 8))
-    with pytest.raises(ValueError, match=r"\[L, B, S, K, H\]"):
+    with pytest.raises(ValueError, match="the cache holds 1 sequences, the call has 2"):
         apply(_tokens(config, 2, 2), _positions(2, 2), cache)
+    other = lm.init_cache(config.replace(num_kv_heads=4), 1, 8)
+    with pytest.raises(ValueError, match=r"\[L, B, K, S, H\]"):
+        apply(_tokens(config, 1, 2), _positions(1, 2), other)
 
 
 def test_cache_overflow_under_jit_gives_nan_logits_for_that_sequence():
@@ -331,12 +334,12 @@ def test_released_model_sizes():
 def test_init_cache_on_unbound_module_and_logical_axes():
     config = CONFIGS["gqa"]
     cache = lm.Transformer(config).init_cache(3, 10)
-    assert cache.keys.shape == (2, 3, 10, 2, 8)
+    assert cache.keys.shape == (2, 3, 2, 10, 8)  # [L, B, K, S, H]
     assert cache.capacity == 10 and cache.batch_size == 3 and cache.num_layers == 2
     np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
     assert (np.asarray(cache.positions) == -1).all()
     axes = lm.KVCache.logical_axes()
-    assert tuple(axes.keys) == (None, "cache_batch", "cache_len", "cache_kv_heads", "cache_kv")
+    assert tuple(axes.keys) == (None, "cache_batch", "cache_kv_heads", "cache_len", "cache_kv")
     assert jax.tree.structure(
         axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
     ) == jax.tree.structure(jax.tree.map(lambda x: 0, cache))

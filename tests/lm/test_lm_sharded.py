@@ -114,8 +114,8 @@ def test_sharded_generation_equals_single_device():
         assert r["distinct_tokens"] > 4, r  # a non-degenerate sequence was compared
         # Heads are split over tensor=4; the cache over data=2 (batch) and tensor=4 (heads).
         assert "tensor" in r["query_spec"] and "tensor" in r["cache_spec"], r
-        layers, batch, slots, kv_heads, head_dim = r["cache_shape"]
-        assert r["cache_shard_shape"] == [layers, batch // 2, slots, kv_heads // 4, head_dim], r
+        layers, batch, kv_heads, slots, head_dim = r["cache_shape"]
+        assert r["cache_shard_shape"] == [layers, batch // 2, kv_heads // 4, slots, head_dim], r
         assert "tensor" in r["init_mlp_spec"], r
     assert results["False"]["query_shard_shape"] == [32, 2, 8]
     assert results["True"]["query_shard_shape"] == [2, 32, 2, 8]

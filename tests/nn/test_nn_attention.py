@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 from lhc import nn as lnn
 
@@ -115,14 +116,35 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
     full, no_cache = apply(params, x, positions)
     assert no_cache is None
 
+    # A minimal cache of one layer through the LayerCache interface: keys and values
+    # stacked [1, B, S, K, H], written at each sequence's length.
     slots = 10
-    cache = (jnp.zeros((batch, slots, 2, 8)), jnp.zeros((batch, slots, 2, 8)))
+
+    @struct.dataclass
+    class Writer:
+        start: jax.Array
+        key_positions: jax.Array
+
+        def write(self, layers, layer, keys, values):
+            stored = tuple(
+                lnn.write_slots(store[layer], new, self.start)[None]
+                for store, new in zip(layers, (keys, values))
+            )
+            return lnn.KVView(stored[0][layer], stored[1][layer], self.key_positions), stored
+
+    def cached_call(params, x, positions, layers, slot_positions, lengths):
+        writer = Writer(lengths, lnn.write_slots(slot_positions, positions, lengths))
+        handle = lnn.LayerCache(writer=writer, layers=layers, layer=0)
+        out, handle = layer.apply(params, x, positions, handle)
+        return out, handle.layers, writer.key_positions
+
+    cached_call = jax.jit(cached_call)
+    layers = (jnp.zeros((1, batch, slots, 2, 8)), jnp.zeros((1, batch, slots, 2, 8)))
     slot_positions = jnp.full((batch, slots), -1, jnp.int32)
     outs, lengths = [], jnp.zeros((batch,), jnp.int32)
     for start, stop in [(0, 4), (4, 5), (5, 6)]:
-        slot_positions = lnn.write_slots(slot_positions, positions[:, start:stop], lengths)
-        out, cache = apply(
-            params, x[:, start:stop], positions[:, start:stop], slot_positions, cache, lengths
+        out, layers, slot_positions = cached_call(
+            params, x[:, start:stop], positions[:, start:stop], layers, slot_positions, lengths
         )
         outs.append(out)
         lengths = lengths + (stop - start)
