@@ -69,8 +69,17 @@ def _index_tree(tree, i):
     return np.asarray(tree)[i]
 
 
-def forward(config, params, tokens, positions=None):
-    """Logits [T, V] (float64) of one sequence of token ids [T]."""
+def forward(
+    config, params, tokens, positions=None, *, window=None, residual_add=None, attention_add=None
+):
+    """Logits [T, V] (float64) of one sequence of token ids [T].
+
+    ``window``: a query at index t sees keys at indices (t - window, t]. ``residual_add`` /
+    ``attention_add``: {layer: vector [D] or [T, D]} added to the residual stream after
+    that block / to that block's attention output.
+    """
+    residual_add = residual_add or {}
+    attention_add = attention_add or {}
     as64 = lambda x: np.asarray(x, np.float64)
     tokens = np.asarray(tokens)
     length = len(tokens)
@@ -100,16 +109,23 @@ def forward(config, params, tokens, positions=None):
             q, k = rotate(q, positions, freqs), rotate(k, positions, freqs)
             out = np.zeros_like(q)
             for t in range(length):
-                scores = np.array([q[t] @ k[s] for s in range(t + 1)]) / math.sqrt(config.head_dim)
+                first = 0 if window is None else max(0, t - window + 1)
+                scores = np.array([q[t] @ k[s] for s in range(first, t + 1)])
+                scores = scores / math.sqrt(config.head_dim)
                 weights = np.exp(scores - scores.max())
                 weights /= weights.sum()
-                out[t] = weights @ v[: t + 1]
+                out[t] = weights @ v[first : t + 1]
             head_outputs.append(out @ as64(att["out"]["kernel"])[n])
-        x = x + sum(head_outputs)
+        attended = sum(head_outputs)
+        if layer in attention_add:
+            attended = attended + as64(attention_add[layer])
+        x = x + attended
         h = rms_norm(x, as64(p["mlp_norm"]["scale"]), config.norm_eps)
         mlp = p["mlp"]
         hidden = silu(h @ as64(mlp["gate"]["kernel"])) * (h @ as64(mlp["up"]["kernel"]))
         x = x + hidden @ as64(mlp["down"]["kernel"])
+        if layer in residual_add:
+            x = x + as64(residual_add[layer])
     x = rms_norm(x, as64(params["final_norm"]["scale"]), config.norm_eps)
     if config.tie_embeddings:
         return x @ embedding.T
