@@ -1,4 +1,5 @@
-"""Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` checkpoints, without torch.
+"""Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM``
+checkpoints, without torch.
 
 ``load(path)`` reads ``config.json`` and ``*.safetensors`` (one file, or shards listed in
 ``model.safetensors.index.json``) from a local directory and returns an ``LMConfig`` and
@@ -38,8 +39,12 @@ from lhc.lm.config import LMConfig
 from lhc.lm.model import param_shardings, stack_layer_params, unstack_layer_params
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+}
 # Buffers some exporters write beside the weights; they are recomputed, not loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _INDEX_FILE = "model.safetensors.index.json"
@@ -91,8 +96,38 @@ def _rope(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return float(theta), scaling
 
 
+def _sliding_window(architecture: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``sliding_window`` and ``full_attention_layers`` of a config.json.
+
+    Mistral slides in every layer when ``sliding_window`` is set. Qwen2 slides only with
+    ``use_sliding_window``, in the layers that ``layer_types`` marks
+    ``"sliding_attention"`` (written by recent transformers) or else from
+    ``max_window_layers`` on.
+    """
+    num_layers = hf_config["num_hidden_layers"]
+    window = hf_config.get("sliding_window")
+    if architecture == "LlamaForCausalLM" or window is None:
+        return {}
+    if architecture == "Qwen2ForCausalLM" and not hf_config.get("use_sliding_window", False):
+        return {}
+    layer_types = hf_config.get("layer_types")
+    if layer_types is not None:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown or len(layer_types) != num_layers:
+            raise ValueError(
+                f"config.json layer_types must list {num_layers} of 'full_attention' / "
+                f"'sliding_attention', got {layer_types!r}"
+            )
+        full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    elif architecture == "Qwen2ForCausalLM":
+        full = list(range(min(hf_config.get("max_window_layers", 28), num_layers)))
+    else:
+        full = []
+    return dict(sliding_window=int(window), full_attention_layers=tuple(full))
+
+
 def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
-    """``LMConfig`` from the dict of a Llama or Qwen2 ``config.json``.
+    """``LMConfig`` from the dict of a Llama, Qwen2 or Mistral ``config.json``.
 
     Args:
         hf_config: the parsed ``config.json``.
@@ -100,20 +135,17 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
 
     Raises:
         ValueError: unsupported architecture or feature (activation other than SiLU,
-            Llama attention/MLP biases, Qwen2 sliding windows, unknown RoPE scaling).
+            Llama/Mistral attention or MLP biases, unknown RoPE scaling, malformed
+            ``layer_types``).
     """
     architecture = _architecture(hf_config)
     if hf_config.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act must be 'silu', got {hf_config.get('hidden_act')!r}")
-    if architecture == "LlamaForCausalLM":
+    qkv_bias = architecture == "Qwen2ForCausalLM"
+    if not qkv_bias:
         for key in ("attention_bias", "mlp_bias"):
             if hf_config.get(key, False):
-                raise ValueError(f"LlamaForCausalLM with {key}=true is not supported")
-        qkv_bias = False
-    else:
-        if hf_config.get("use_sliding_window", False):
-            raise ValueError("Qwen2ForCausalLM with use_sliding_window=true is not supported")
-        qkv_bias = True
+                raise ValueError(f"{architecture} with {key}=true is not supported")
     num_heads = hf_config["num_attention_heads"]
     head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads
     rope_theta, rope_scaling = _rope(hf_config)
@@ -130,20 +162,37 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
         rope_scaling=rope_scaling,
         norm_eps=hf_config.get("rms_norm_eps", 1e-6),
         qkv_bias=qkv_bias,
-        # Both LlamaConfig and Qwen2Config default to untied embeddings.
+        # LlamaConfig, Qwen2Config and MistralConfig default to untied embeddings.
         tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
+        **_sliding_window(architecture, hf_config),
     )
     values.update(overrides)
     return LMConfig.from_dict(values)
 
 
 def config_to_hf(config: LMConfig) -> dict[str, Any]:
-    """A ``config.json`` dict for ``config``: Qwen2 when it has q/k/v biases, else Llama.
+    """A ``config.json`` dict for ``config``.
 
-    RoPE is written as ``rope_theta`` + ``rope_scaling``, the layout of released
-    checkpoints, which every ``transformers`` version reads.
+    Qwen2 when it has q/k/v biases; else Mistral when it has a sliding window (in every
+    layer); else Llama. RoPE is written as ``rope_theta`` + ``rope_scaling``, the layout
+    of released checkpoints, which every ``transformers`` version reads.
+
+    Raises:
+        ValueError: a sliding window in only some layers without q/k/v biases (no
+            supported architecture expresses it).
     """
-    architecture = "Qwen2ForCausalLM" if config.qkv_bias else "LlamaForCausalLM"
+    if config.qkv_bias:
+        architecture = "Qwen2ForCausalLM"
+    elif config.sliding_window is not None:
+        if config.full_attention_layers:
+            raise ValueError(
+                "a model without q/k/v biases and with full_attention_layers "
+                f"{config.full_attention_layers} has no Hugging Face architecture (Mistral "
+                "slides in every layer)"
+            )
+        architecture = "MistralForCausalLM"
+    else:
+        architecture = "LlamaForCausalLM"
     hf_config: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": _MODEL_TYPES[architecture],
@@ -162,10 +211,22 @@ def config_to_hf(config: LMConfig) -> dict[str, Any]:
         "hidden_act": "silu",
         "torch_dtype": config.param_dtype,
     }
-    if architecture == "LlamaForCausalLM":
-        hf_config.update(attention_bias=False, mlp_bias=False)
+    if architecture == "Qwen2ForCausalLM":
+        sliding = config.sliding_window is not None
+        hf_config.update(use_sliding_window=sliding, sliding_window=config.sliding_window)
+        if sliding:
+            hf_config["layer_types"] = [
+                "full_attention" if config.layer_window(i) is None else "sliding_attention"
+                for i in range(config.num_layers)
+            ]
+            # Older transformers read max_window_layers (the first layers attend fully).
+            full = config.full_attention_layers
+            prefix = full == tuple(range(len(full)))
+            hf_config["max_window_layers"] = len(full) if prefix else 0
     else:
-        hf_config.update(use_sliding_window=False)
+        hf_config.update(attention_bias=False, mlp_bias=False)
+        if architecture == "MistralForCausalLM":
+            hf_config["sliding_window"] = config.sliding_window
     return hf_config
 
 
@@ -362,7 +423,7 @@ def load(
     rules: Any = None,
     **overrides: Any,
 ) -> tuple[LMConfig, dict[str, Any]]:
-    """Loads a local Llama or Qwen2 safetensors checkpoint.
+    """Loads a local Llama, Qwen2 or Mistral safetensors checkpoint.
 
     Args:
         path: directory with ``config.json`` and the safetensors file(s).

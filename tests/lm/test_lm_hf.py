@@ -115,7 +115,7 @@ def test_config_from_hf_both_rope_layouts_and_presets():
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "MistralForCausalLM"),
+        ({"architectures": ["GemmaForCausalLM"], "model_type": "gemma"}, "GemmaForCausalLM"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
@@ -195,12 +195,31 @@ PARITY_CASES = {
         tie_word_embeddings=True,
     ),
 }
+# Sliding windows (a query sees the last 6 positions), far shorter than the sequences.
+WINDOW_CASES = {
+    "mistral_window": dict(
+        arch="mistral",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        sliding_window=6,
+    ),
+    "qwen2_window_in_layer_1": dict(
+        arch="qwen2",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=1,
+    ),
+}
 
 
 def _hf_model(case, seed=0):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    spec = dict(PARITY_CASES[case])
+    spec = dict({**PARITY_CASES, **WINDOW_CASES}[case])
     arch = spec.pop("arch")
     rope_scaling = spec.pop("rope_scaling", None)
     common = dict(
@@ -223,6 +242,9 @@ def _hf_model(case, seed=0):
     if arch == "llama":
         config = transformers.LlamaConfig(**common)
         model_class = transformers.LlamaForCausalLM
+    elif arch == "mistral":
+        config = transformers.MistralConfig(**common)
+        model_class = transformers.MistralForCausalLM
     else:
         config = transformers.Qwen2Config(**common)
         model_class = transformers.Qwen2ForCausalLM
@@ -312,3 +334,41 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path, qkv_bias):
         {"params": params}, tokens, np.broadcast_to(np.arange(40), (2, 40))
     )
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_sliding_window_models_match_transformers_past_the_window(tmp_path, case):
+    torch, model = _hf_model(case, seed=4)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    config, params = hf.load(tmp_path)
+    assert config.sliding_window == 6
+    assert config.full_attention_layers == ((0,) if case.startswith("qwen2") else ())
+    tokens = np.random.default_rng(5).integers(0, 96, size=(2, 40))
+    with torch.no_grad():
+        expected = model(torch.tensor(tokens)).logits.numpy()
+    positions = np.broadcast_to(np.arange(40), (2, 40))
+    model_lhc = lm.Transformer(config)
+    apply = jax.jit(model_lhc.apply)
+    logits, _ = apply({"params": params}, tokens, positions)
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+    # Incrementally: Mistral through a ring of 9 slots (window 6), Qwen2's mixed layers
+    # through a full cache; chunks of 13, then 3, then single tokens.
+    if config.full_attention_layers:
+        cache = lm.init_cache(config, 2, 40)
+    else:
+        cache = lm.cache.init_sliding_window_cache(config, 2, 6, 9)
+    pieces = []
+    for start, stop in zip([0, 13, 16, *range(17, 40)], [13, 16, *range(17, 41)]):
+        piece, cache = apply(
+            {"params": params}, tokens[:, start:stop], positions[:, start:stop], cache
+        )
+        pieces.append(np.asarray(piece))
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), expected, atol=1e-4, rtol=0)
+    # The config survives a save: transformers reads back the same windows.
+    hf.save(config, params, tmp_path / "again")
+    again = type(model).from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            again(torch.tensor(tokens)).logits.numpy(), expected, atol=1e-5, rtol=0
+        )
