@@ -112,7 +112,39 @@ def weighted_values(probs: jax.Array, value: jax.Array) -> jax.Array:
     return jax.lax.platform_dependent(probs, value, cpu=widened, default=native)
 
 
-_IMPLEMENTATIONS: dict[str, AttentionImpl] = {"xla": _xla_attention}
+def _chunked_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    """Online softmax over key blocks in plain XLA: memory grows with the block, not T x S."""
+    from kernels_pallas.flash_attention import flash_attention
+
+    return flash_attention(
+        query, key, value, query_positions, key_positions, scale=scale, window=window, impl="xla"
+    )
+
+
+def _flash_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    """The Pallas flash-attention kernels (Mosaic on TPU, Triton on GPU; interpreted on CPU)."""
+    from kernels_pallas.flash_attention import flash_attention
+
+    return flash_attention(
+        query,
+        key,
+        value,
+        query_positions,
+        key_positions,
+        scale=scale,
+        window=window,
+        impl="pallas",
+        interpret=jax.default_backend() == "cpu",
+    )
+
+
+_IMPLEMENTATIONS: dict[str, AttentionImpl] = {
+    # Materialises the float32 scores [B, K, G, T, S]: fastest for short sequences.
+    "xla": _xla_attention,
+    # Bounded memory for long prompts, everywhere (kernels_pallas/flash_attention.py).
+    "chunked": _chunked_attention,
+    "flash": _flash_attention,
+}
 
 
 def register_attention_impl(name: str, fn: AttentionImpl, *, overwrite: bool = False) -> None:

@@ -149,3 +149,30 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
         outs.append(out)
         lengths = lengths + (stop - start)
     np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["chunked", "flash"])
+def test_registered_memory_efficient_impls_match_xla_in_the_model(impl):
+    """The model with the chunked XLA or the Pallas (interpreted) implementation gives the
+    logits of the materialising one, with padding and a window, cached and not."""
+    from lhc import lm
+
+    config = lm.LMConfig.tiny(max_len=32, sliding_window=6)
+    abstract = nn.meta.unbox(lm.abstract_params(config))
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.3, x.dtype), abstract)
+    tokens = jnp.asarray(rng.integers(0, 128, (2, 11)), jnp.int32)
+    positions = jnp.array([list(range(11)), [-1] * 3 + list(range(8))], jnp.int32)
+
+    def run(attention_impl):
+        model = lm.Transformer(config.replace(attention_impl=attention_impl))
+        full, _ = model.apply({"params": params}, tokens, positions)
+        cache = model.init_cache(2, 16)
+        first, cache = model.apply({"params": params}, tokens[:, :7], positions[:, :7], cache)
+        rest, _ = model.apply({"params": params}, tokens[:, 7:], positions[:, 7:], cache)
+        return full, jnp.concatenate([first, rest], axis=1)
+
+    want_full, want_cached = run("xla")
+    got_full, got_cached = run(impl)
+    np.testing.assert_allclose(got_full, want_full, atol=2e-5)
+    np.testing.assert_allclose(got_cached, want_cached, atol=2e-5)
