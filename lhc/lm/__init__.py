@@ -6,9 +6,25 @@ padding convention in ``lhc.lm.cache``; Hugging Face checkpoints in ``lhc.lm.hf`
 """
 
 from lhc.lm import hf
-from lhc.lm.cache import KVCache, init_cache
+from lhc.lm.cache import (
+    Cache,
+    KVCache,
+    SlidingWindowKVCache,
+    init_cache,
+    init_sliding_window_cache,
+)
 from lhc.lm.config import PRESETS, LMConfig, get_preset
-from lhc.lm.generate import GenerateOutput, generate, left_pad, left_padded_positions
+from lhc.lm.decoding import (
+    DecodeState,
+    GenerateOutput,
+    bucket_length,
+    decode_loop,
+    decode_step,
+    generate,
+    left_pad,
+    left_padded_positions,
+    prefill,
+)
 from lhc.lm.model import (
     Block,
     Transformer,
@@ -44,13 +60,21 @@ __all__ = [
     "param_shardings",
     "stack_layer_params",
     "unstack_layer_params",
-    # Cache.
+    # Caches.
+    "Cache",
     "KVCache",
+    "SlidingWindowKVCache",
     "init_cache",
-    # Generation and sampling.
+    "init_sliding_window_cache",
+    # Decoding and sampling.
+    "DecodeState",
     "GenerateOutput",
     "SamplingParams",
+    "bucket_length",
+    "decode_loop",
+    "decode_step",
     "generate",
+    "prefill",
     "left_pad",
     "left_padded_positions",
     "logits_to_probs",

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from lhc.lm.generate import (
+from lhc.lm.decoding import (
     GREEDY,
     empty_cache,
     left_padded_positions,

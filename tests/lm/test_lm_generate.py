@@ -81,10 +81,14 @@ def test_greedy_generation_matches_recomputation_and_padding_is_invisible():
     np.testing.assert_array_equal(out.lengths, [steps] * 3)
     assert out.tokens.dtype == jnp.int32 and out.log_probs.dtype == jnp.float32
     np.testing.assert_array_equal(out.sampling_log_probs, 0.0)
-    # The returned cache holds prompt + generated tokens at their positions.
-    np.testing.assert_array_equal(out.cache.lengths, [6 + steps] * 3)
-    np.testing.assert_array_equal(out.cache.positions[1, :5], -1)
-    np.testing.assert_array_equal(out.cache.positions[1, 5:], np.arange(1 + steps))
+    # The returned cache holds the prompt and every generated token but the last (never
+    # fed), each at its position; the prompts were left-padded to a bucketed width.
+    width = lm.bucket_length(6)
+    fed = width + steps - 1
+    np.testing.assert_array_equal(out.cache.lengths, [fed] * 3)
+    np.testing.assert_array_equal(out.cache.positions[1, : width - 1], -1)
+    np.testing.assert_array_equal(out.cache.positions[1, width - 1 : fed], np.arange(steps))
+    np.testing.assert_array_equal(out.next_positions, [6 + steps - 1, steps, 3 + steps - 1])
 
     # A left-padded array with explicit lengths is the same input.
     tokens, lengths = lm.left_pad(PROMPTS, pad_id=3)
@@ -171,8 +175,8 @@ def test_generate_validation():
         lm.generate(model, params, np.ones((2, 4), np.int32), np.array([0, 4]), max_new_tokens=2)
     with pytest.raises(ValueError, match="vocab_size"):
         lm.generate(model, params, [[1, 64]], max_new_tokens=2)
-    with pytest.raises(ValueError, match="cache_len"):
-        lm.generate(model, params, [[1, 2]], max_new_tokens=4, cache_len=5)
+    with pytest.raises(ValueError, match="cache_len 4 is too small"):
+        lm.generate(model, params, [[1, 2]], max_new_tokens=4, cache_len=4)
 
 
 def test_left_pad_and_positions():

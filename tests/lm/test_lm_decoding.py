@@ -1,0 +1,240 @@
+"""The decoding API: chunked prefill, decode_step, the loop's step hook, continuation from
+a cache, one compiled program across sampling settings and nearby prompt widths, and the
+compiled loop updating the cache in place."""
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lhc import lm
+from lhc.lm import decoding
+
+CONFIG = lm.LMConfig.tiny(vocab_size=64, max_len=128)
+PROMPTS = [[5, 9, 1, 33, 2, 7], [12], [40, 41, 42]]
+
+
+def _params(config, seed=0):
+    abstract = nn.meta.unbox(lm.abstract_params(config))
+    rng = np.random.default_rng(seed)
+    # Large weights make next-token distributions peaked and argmaxes unambiguous.
+    return jax.tree.map(
+        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * 0.5, leaf.dtype), abstract
+    )
+
+
+@jax.jit
+def _last_logits(params, tokens, lengths):
+    positions = jnp.arange(tokens.shape[1])[None, :]
+    positions = jnp.where(positions < lengths[:, None], positions, -1)
+    logits, _ = lm.Transformer(CONFIG).apply({"params": params}, tokens, positions)
+    return logits[jnp.arange(tokens.shape[0]), lengths - 1]
+
+
+def _greedy_by_recomputation(params, sequences, steps):
+    """Greedy continuation of each sequence by full forward passes without a cache."""
+    sequences = [list(s) for s in sequences]
+    out = []
+    for _ in range(steps):
+        padded = np.zeros((len(sequences), 64), np.int32)
+        for b, seq in enumerate(sequences):
+            padded[b, : len(seq)] = seq
+        lengths = np.array([len(s) for s in sequences], np.int32)
+        chosen = np.asarray(_last_logits(params, padded, lengths)).argmax(-1)
+        out.append(chosen)
+        for b in range(len(sequences)):
+            sequences[b].append(int(chosen[b]))
+    return np.stack(out, axis=1)
+
+
+def test_chunked_prefill_and_decode_step_equal_generate():
+    params = _params(CONFIG)
+    model = lm.Transformer(CONFIG)
+    steps = 8
+    want = _greedy_by_recomputation(params, PROMPTS, steps)
+    for chunk in (2, 5, 512):
+        out = lm.generate(model, params, PROMPTS, max_new_tokens=steps, prefill_chunk=chunk)
+        np.testing.assert_array_equal(out.tokens, want)
+    # By hand: prefill, then decode_step at explicit positions.
+    tokens, lengths = lm.left_pad(PROMPTS)
+    positions = lm.left_padded_positions(jnp.asarray(lengths), tokens.shape[1])
+    logits, cache = lm.prefill(
+        model, params, jnp.asarray(tokens), positions, model.init_cache(3, 32), chunk_size=4
+    )
+    got, position = [], jnp.asarray(lengths)
+    for _ in range(steps):
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        got.append(np.asarray(token))
+        logits, cache = lm.decode_step(model, params, token, position, cache)
+        position = position + 1
+    np.testing.assert_array_equal(np.stack(got, 1), want)
+
+
+def test_generate_continues_from_a_cache():
+    params = _params(CONFIG)
+    model = lm.Transformer(CONFIG)
+    first = lm.generate(model, params, PROMPTS, max_new_tokens=5)
+    tokens = np.asarray(first.tokens)
+    # Next turn: the last generated token (never fed) and two new ones.
+    turn = [[int(tokens[b, -1]), 3, 4] for b in range(3)]
+    second = lm.generate(model, params, turn, max_new_tokens=6, cache=first.cache)
+    whole = [PROMPTS[b] + list(tokens[b]) + [3, 4] for b in range(3)]
+    np.testing.assert_array_equal(second.tokens, _greedy_by_recomputation(params, whole, 6))
+
+
+def test_step_hook_rewinds_the_cache_at_a_position():
+    """A hook that, after the 4th token, forgets the 2nd and 3rd generated tokens (as a
+    PENCIL reduction does) and feeds the pending 4th right after the 1st."""
+    params = _params(CONFIG)
+    model = lm.Transformer(CONFIG)
+    prompt_lengths = jnp.asarray([len(p) for p in PROMPTS])
+
+    def rewind(state: lm.DecodeState) -> lm.DecodeState:
+        at_four = state.step == 4
+        cut = prompt_lengths + 1  # keep the prompt and the first generated token
+        cache = jax.lax.cond(
+            at_four, lambda c: c.truncate_at_position(cut), lambda c: c, state.cache
+        )
+        return state.replace(
+            cache=cache,
+            position=jnp.where(at_four, cut, state.position),
+            hook_state=state.hook_state + at_four.astype(jnp.int32),
+        )
+
+    out = lm.generate(
+        model, params, PROMPTS, max_new_tokens=9, step_hook=rewind, hook_state=jnp.int32(0)
+    )
+    assert int(out.hook_state) == 1
+    tokens = np.asarray(out.tokens)
+    reduced = [PROMPTS[b] + [int(tokens[b, 0]), int(tokens[b, 3])] for b in range(3)]
+    np.testing.assert_array_equal(tokens[:, 4:], _greedy_by_recomputation(params, reduced, 5))
+    np.testing.assert_array_equal(tokens[:, :4], _greedy_by_recomputation(params, PROMPTS, 4))
+    np.testing.assert_array_equal(out.next_positions, prompt_lengths + 2 + 4)
+
+
+def test_sliding_window_model_decodes_past_its_ring():
+    """Window 4: generate runs through a ring of window + 128 slots, far past it, and gives
+    the tokens of a full cache under the window mask."""
+    config = CONFIG.replace(sliding_window=4, max_len=512)
+    params = _params(config)
+    model = lm.Transformer(config)
+    steps = 150
+    ring = lm.generate(model, params, PROMPTS, max_new_tokens=steps)
+    assert isinstance(ring.cache, lm.SlidingWindowKVCache)
+    full_cache = lm.init_cache(config, 3, 200)
+    full = lm.generate(model, params, PROMPTS, max_new_tokens=steps, cache=full_cache)
+    np.testing.assert_array_equal(ring.tokens, full.tokens)
+    assert len(np.unique(np.asarray(full.tokens))) > 5
+
+
+def test_one_compile_serves_new_sampling_values_stop_tokens_and_nearby_widths():
+    params = _params(CONFIG)
+    model = lm.Transformer(CONFIG)
+    programs = decoding._generate_jit._cache_size  # compiled variants of the decode program
+    rng = jax.random.key(0)
+    first = dict(sampling=lm.SamplingParams(temperature=0.7, top_k=5, top_p=0.9), stop_tokens=[3])
+    lm.generate(model, params, [list(range(1, 21)), [4, 5]], max_new_tokens=10, rng=rng, **first)
+    before = programs()
+    for sampling, stop, width, steps in [
+        (lm.SamplingParams(temperature=1.3, top_k=0, top_p=1.0), [3, 9, 11], 23, 12),
+        (lm.SamplingParams(temperature=0.0), [], 17, 9),
+        (lm.SamplingParams(temperature=0.5, top_k=2, top_p=0.5), [60], 30, 16),
+    ]:
+        prompts = [list(range(1, width + 1)), [4, 5]]
+        out = lm.generate(
+            model,
+            params,
+            prompts,
+            max_new_tokens=steps,
+            rng=rng,
+            sampling=sampling,
+            stop_tokens=stop,
+        )
+        assert out.tokens.shape == (2, steps)
+    assert programs() == before
+    # A prompt beyond the bucket does compile anew: the count sees compilations.
+    lm.generate(model, params, [list(range(1, 40)), [4]], max_new_tokens=10)
+    assert programs() == before + 1
+
+
+def test_bucket_lengths():
+    assert [lm.bucket_length(n) for n in (1, 16, 17, 63, 65, 512, 513, 1000, 4097)] == [
+        16, 16, 32, 64, 128, 512, 576, 1024, 4608,
+    ]  # fmt: skip
+    for n in range(1, 5000, 37):
+        b = lm.bucket_length(n)
+        assert n <= b <= max(16, int(n * 1.25) + 64)
+
+
+# The compiled decode loop --------------------------------------------------------------
+
+
+def _computations(hlo_text):
+    computations, name = {}, None
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header and not line.startswith(" "):
+            name = header.group(1)
+            computations[name] = []
+        elif name is not None:
+            computations[name].append(line)
+    return computations
+
+
+def _inside_loops(computations):
+    """Names of the computations a while loop's body or condition reaches."""
+    pending = [
+        callee
+        for lines in computations.values()
+        for line in lines
+        if " while(" in line
+        for callee in re.findall(r"(?:body|condition)=%?([\w.\-]+)", line)
+    ]
+    seen = set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in computations:
+            continue
+        seen.add(name)
+        for line in computations[name]:
+            pending += re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", line)
+            for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
+                pending += [g.strip().lstrip("%") for g in group.split(",")]
+    return seen
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_decode_loop_updates_the_cache_in_place(scan_layers):
+    config = lm.LMConfig.tiny(max_len=256, scan_layers=scan_layers)
+    abstract = nn.meta.unbox(lm.abstract_params(config))
+    params = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)
+    model = lm.Transformer(config)
+    batch, width, cache_len = 2, 16, 64
+    lowered = decoding._generate_jit.lower(
+        model, params, jnp.zeros((batch, width), jnp.int32), jnp.full((batch,), width, jnp.int32),
+        jnp.zeros((batch,), jnp.int32), None, jax.random.key(0), lm.SamplingParams().as_arrays(),
+        jnp.full((4,), -1, jnp.int32), jnp.int32(0), jnp.int32(8), None, None,
+        buffer_len=16, cache_len=cache_len, prefill_chunk=512, step_hook=None, rules=None,
+    )  # fmt: skip
+    computations = _computations(lowered.compile().as_text())
+    loops = _inside_loops(computations)
+    assert loops, "no while loop in the compiled program"
+    cache_shape = "f32[%d,%d,%d,%d,%d]" % (
+        config.num_layers,
+        batch,
+        config.num_kv_heads,
+        cache_len,
+        config.head_dim,
+    )
+    copies = [
+        line.strip()[:160]
+        for name in loops
+        for line in computations[name]
+        if re.search(re.escape(cache_shape) + r"\S* (copy|copy-start|transpose)\(", line)
+    ]
+    assert not copies, copies
+    # The loop does write the cache (in place, by scatter), so the shape is there.
+    assert any(cache_shape in line for name in loops for line in computations[name])
