@@ -222,13 +222,8 @@ def test_decode_loop_updates_the_cache_in_place(scan_layers):
     computations = _computations(lowered.compile().as_text())
     loops = _inside_loops(computations)
     assert loops, "no while loop in the compiled program"
-    cache_shape = "f32[%d,%d,%d,%d,%d]" % (
-        config.num_layers,
-        batch,
-        config.num_kv_heads,
-        cache_len,
-        config.head_dim,
-    )
+    dims = (config.num_layers, batch, config.num_kv_heads, cache_len, config.head_dim)
+    cache_shape = f"f32[{','.join(map(str, dims))}]"
     copies = [
         line.strip()[:160]
         for name in loops
