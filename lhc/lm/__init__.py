@@ -43,7 +43,15 @@ from lhc.lm.sampling import (
     top_k_mask,
     top_p_mask,
 )
-from lhc.lm.speculative import SpeculativeOutput, speculative_generate, verify_drafts
+from lhc.lm.speculative import (
+    DraftProposal,
+    ModelDrafter,
+    SelfDrafter,
+    SpeculativeOutput,
+    SpeculativeSampling,
+    speculative_generate,
+    verify_drafts,
+)
 from lhc.lm.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
@@ -82,8 +90,12 @@ __all__ = [
     "sample_tokens",
     "top_k_mask",
     "top_p_mask",
-    # Speculative decoding.
+    # Speculative decoding: drafters, verifiers, the loop.
+    "DraftProposal",
+    "ModelDrafter",
+    "SelfDrafter",
     "SpeculativeOutput",
+    "SpeculativeSampling",
     "speculative_generate",
     "verify_drafts",
     # Tokenizers.

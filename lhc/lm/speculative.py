@@ -1,27 +1,43 @@
-"""Speculative decoding: a draft model proposes, the target model verifies.
+"""Speculative decoding: a drafter proposes, a verifier decides what the target keeps.
 
-Each iteration the draft model samples ``num_draft`` (gamma) tokens one at a time; the
-target model scores the pending token and all drafts in one forward pass; the drafts
-are accepted left to right with probability ``min(1, p(d) / q(d))`` (p: target, q:
-draft, both after the same temperature / top-k / top-p processing); at the first
-rejection a token is drawn from ``norm(max(0, p - q))``, and when every draft is
-accepted a bonus token is drawn from the target's next distribution (Leviathan et al.,
-2023; Chen et al., 2023). The output is distributed exactly as sampling from the target
-alone; with greedy sampling it equals greedy decoding of the target token for token (up
-to argmax near-ties, where the target's multi-token verification pass and its one-token
-decoding steps may round differently in low precision).
+Each round a ``Drafter`` proposes ``num_draft`` (gamma) tokens with their draft
+distributions q; the target scores the pending token and all drafts in one forward pass;
+a ``Verifier`` turns the target logits and q into the length of the accepted prefix and
+the token that follows it. The token sampled last (correction or bonus) is "pending": it
+is in no cache yet and is the first token fed in the next round. Every cache is then cut
+back to the accepted prefix of what it was fed, so sequences of a batch advance by
+different amounts.
 
-Both models follow the causal-LM protocol (``lhc.lm.model``) and keep ``KVCache``-like
-caches with per-sequence ``lengths`` and ``truncate``: after verification each cache is
-truncated to the accepted prefix of what it was fed, so sequences of a batch advance by
-different amounts. The token sampled last (correction or bonus) is "pending": it is in
-no cache yet and is the first token both models are fed in the next iteration. QuantSpec
-and RAPID build on this loop with other draft models (the same network over a quantized
-cache, a retrieval-augmented drafter); ``verify_drafts`` is the acceptance rule alone.
+Drafters:
+
+* ``ModelDrafter(model)``: a second causal LM with its own cache (the classic two-model
+  setup). With ``prompt=...`` in ``speculative_generate`` it reads its own prompt (a
+  retrieval-augmented drafter reads a shorter one). ``refeed=True`` rolls back by
+  re-feeding the accepted tokens to the cache it had before the round, for caches that
+  cannot truncate across appends (a recurrent state).
+* ``SelfDrafter(model)``: drafts with the target's architecture (its parameters, or
+  others such as quantized ones) *in the target's own cache*: the drafted keys are
+  written there, the cache is rewound, and the verification pass overwrites them
+  (QuantSpec's scheme).
+
+Verifiers:
+
+* ``SpeculativeSampling()``: the rule of Leviathan et al. (2023) and Chen et al. (2023):
+  accept d with probability ``min(1, p(d) / q(d))``, at the first rejection draw from
+  ``norm(max(0, p - q))``, after all G a bonus token from p. The output is distributed
+  exactly as sampling from the target alone; with greedy sampling it equals greedy
+  decoding of the target token for token (up to argmax near-ties, where the target's
+  multi-token verification pass and its one-token decoding steps may round differently
+  in low precision). Subclasses change ``adjust`` (the probabilities the acceptance test
+  uses) and ``residual`` (what is drawn after a rejection), as RAPID does.
+
+``speculative_generate`` runs the rounds in one ``lax.while_loop``; p and q are the
+models' distributions after the same temperature / top-k / top-p processing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -37,9 +53,11 @@ from lhc.lm.decoding import (
     empty_cache,
     left_padded_positions,
     mesh_context,
+    prefill_chunks,
     prepare_prompts,
     rules_context,
     static_rules,
+    stop_token_array,
 )
 from lhc.lm.sampling import SamplingParams, logits_to_probs
 
@@ -69,15 +87,256 @@ class SpeculativeOutput:
         return self.accepted.sum() / jnp.maximum(self.drafted.sum(), 1)
 
 
+# Verifiers ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeSampling:
+    """The lossless acceptance rule; override ``adjust`` / ``residual`` for variants."""
+
+    def adjust(
+        self, target_logits: jax.Array, draft_probs: jax.Array, sampling: SamplingParams
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(p, p_hat)``, both ``[B, G + 1, V]``: the target's distributions and the ones
+        the acceptance test compares with q (here the same)."""
+        del draft_probs
+        target_probs = logits_to_probs(target_logits, sampling)
+        return target_probs, target_probs
+
+    def residual(
+        self, target_probs: jax.Array, adjusted: jax.Array, draft_probs: jax.Array
+    ) -> jax.Array:
+        """Unnormalised ``[B, G, V]``: what is drawn after a rejection at each draft.
+
+        ``max(0, p - q)``; where that is zero everywhere (p <= q only when p == q up to
+        rounding) p itself.
+        """
+        del adjusted
+        residual = jnp.maximum(target_probs[:, :-1] - draft_probs, 0.0)
+        return jnp.where(residual.sum(-1, keepdims=True) > 0, residual, target_probs[:, :-1])
+
+    def __call__(
+        self,
+        rng: jax.Array,
+        draft_tokens: jax.Array,
+        draft_probs: jax.Array,
+        target_logits: jax.Array,
+        sampling: SamplingParams,
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(num_accepted [B], next_token [B])`` for drafts ``[B, G]`` (see ``verify``)."""
+        target_probs, adjusted = self.adjust(target_logits, draft_probs, sampling)
+        return self.verify(rng, draft_tokens, draft_probs, target_probs, adjusted)
+
+    def verify(
+        self,
+        rng: jax.Array,
+        draft_tokens: jax.Array,
+        draft_probs: jax.Array,
+        target_probs: jax.Array,
+        adjusted: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Accepts drafts left to right while ``u * q(d) < p_hat(d)``.
+
+        Args:
+            rng: PRNG key.
+            draft_tokens: int ``[B, G]``, d_1..d_G, d_i drawn from ``draft_probs[:, i-1]``.
+            draft_probs: float ``[B, G, V]``, q_1..q_G.
+            target_probs: float ``[B, G + 1, V]``, p_1..p_{G+1} at the same positions,
+                plus the one after the last draft.
+            adjusted: p_hat ``[B, G + 1, V]`` for the acceptance test (default p).
+
+        Returns:
+            ``(num_accepted, next_token)``: int32 ``[B]`` in ``[0, G]``, the length of the
+            accepted prefix, and int32 ``[B]``, the token that follows it: drawn from
+            ``residual`` at the first rejection, or from p_{G+1} when all were accepted.
+        """
+        batch, num_draft = draft_tokens.shape
+        if draft_probs.shape[:2] != (batch, num_draft) or target_probs.shape[:2] != (
+            batch,
+            num_draft + 1,
+        ):
+            raise ValueError(
+                f"verify_drafts: expected draft_probs [B={batch}, G={num_draft}, V] and "
+                f"target_probs [B, G + 1 = {num_draft + 1}, V]; got {draft_probs.shape} and "
+                f"{target_probs.shape}"
+            )
+        adjusted = target_probs if adjusted is None else adjusted
+        accept_rng, residual_rng = jax.random.split(rng)
+        index = draft_tokens[..., None].astype(jnp.int32)
+        p = jnp.take_along_axis(adjusted[:, :num_draft], index, axis=-1)[..., 0]
+        q = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]
+        # u < p / q, written without the division (q > 0 for a token drawn from q).
+        accept = jax.random.uniform(accept_rng, (batch, num_draft)) * q < p
+        num_accepted = jnp.cumprod(accept.astype(jnp.int32), axis=1).sum(axis=1)
+        rows = jnp.arange(batch)
+        after_rejection = self.residual(target_probs, adjusted, draft_probs)
+        bonus = target_probs[:, -1:]
+        choices = jnp.concatenate([after_rejection, bonus], axis=1)[rows, num_accepted]
+        next_token = jax.random.categorical(residual_rng, jnp.log(choices), axis=-1)
+        return num_accepted.astype(jnp.int32), next_token.astype(jnp.int32)
+
+
+def verify_drafts(
+    rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The speculative-sampling acceptance rule (``SpeculativeSampling().verify``)."""
+    return SpeculativeSampling().verify(rng, draft_tokens, draft_probs, target_probs)
+
+
+# Drafters -------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class DraftProposal:
+    """What a drafter proposes in one round.
+
+    Attributes:
+        tokens: int32 ``[B, G]`` drafts.
+        probs: float32 ``[B, G, V]`` the distributions they were drawn from.
+        state: the drafter's state after proposing.
+        target_cache: the target's cache, as the verification pass must find it (a
+            self-drafter returns it rewound to where the round began).
+    """
+
+    tokens: jax.Array
+    probs: jax.Array
+    state: Any
+    target_cache: Any
+
+
+def _draft_steps(apply, cache, pending, position, keys, sampling):
+    """Samples ``len(keys)`` tokens one at a time after ``pending`` at ``position``
+    (``-1``: a finished sequence feeds padding). Feeds pending, d_1, .., d_{G-1}."""
+
+    def step(carry, key):
+        token, position, cache = carry
+        logits, cache = apply(token[:, None], position[:, None], cache)
+        probs = logits_to_probs(logits[:, -1], sampling)
+        proposal = jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
+        next_position = jnp.where(position < 0, -1, position + 1)
+        return (proposal, next_position, cache), (proposal, probs)
+
+    (last, last_position, cache), (proposals, probs) = jax.lax.scan(
+        step, (pending, position, cache), keys
+    )
+    return proposals.T, jnp.swapaxes(probs, 0, 1), cache, last, last_position
+
+
+@struct.dataclass
+class ModelDraftState:
+    """A ``ModelDrafter``'s state: its cache and, while a round is open, where it began
+    (``start_lengths``, truncating drafters) or the cache it began from (the cache itself,
+    re-feeding drafters)."""
+
+    cache: Any
+    start_lengths: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter:
+    """A separate causal LM with its own cache.
+
+    Attributes:
+        model: the draft model (same vocabulary as the target).
+        refeed: roll back by feeding the accepted tokens, as one block, to the cache the
+            round started from, instead of truncating: for caches without slots
+            (``capacity`` None, e.g. a recurrent state) that truncate only within their
+            last append.
+    """
+
+    model: nn.Module
+    refeed: bool = False
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def prefill(self, params, tokens, positions, target_cache, *, cache_len, prefill_chunk):
+        """The draft cache after the prompt ``tokens [B, P]`` (all but the pending token)."""
+        del target_cache
+        cache = empty_cache(self.model, tokens.shape[0], cache_len)
+        if self.refeed and cache.capacity is not None:
+            raise ValueError(
+                "ModelDrafter(refeed=True) feeds every round's block, rejected tokens as "
+                f"padding, which would fill a cache of {cache.capacity} slots; use it with "
+                "caches without slots (capacity None)"
+            )
+        if tokens.shape[1]:
+            _, cache = prefill_chunks(
+                self.model, params, tokens, positions, cache, chunk_size=prefill_chunk
+            )
+        return ModelDraftState(cache=cache)
+
+    def propose(self, params, state, target_cache, pending, position, keys, sampling):
+        apply = functools.partial(self.model.apply, {"params": params})
+        drafts, probs, cache, last, last_position = _draft_steps(
+            apply, state.cache, pending, position, keys, sampling
+        )
+        if self.refeed:
+            state = ModelDraftState(cache=state.cache)  # drafted states are dropped
+        else:
+            # d_G too, so that the cache holds it when every draft is accepted.
+            _, cache = apply(last[:, None], last_position[:, None], cache)
+            state = ModelDraftState(cache=cache, start_lengths=state.cache.lengths)
+        return DraftProposal(drafts, probs, state, target_cache)
+
+    def commit(self, params, state, block, block_positions, kept):
+        """Keeps the first ``kept[b]`` tokens of ``block [B, G + 1]`` (pending and drafts)."""
+        if not self.refeed:
+            return ModelDraftState(cache=state.cache.truncate(state.start_lengths + kept))
+        columns = jnp.arange(block.shape[1])[None, :]
+        positions = jnp.where(columns < kept[:, None], block_positions, -1)
+        _, cache = self.model.apply({"params": params}, block, positions, state.cache)
+        return ModelDraftState(cache=cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfDrafter:
+    """Drafts in the target's own cache with the target's architecture.
+
+    The drafts' keys and values are written into the target's cache, which is then
+    rewound; the verification pass overwrites them. The draft parameters may be the
+    target's or others for the same architecture (e.g. quantized weights).
+
+    Attributes:
+        model: a module of the target's architecture.
+    """
+
+    model: nn.Module
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def prefill(self, params, tokens, positions, target_cache, *, cache_len, prefill_chunk):
+        del params, tokens, positions, target_cache, cache_len, prefill_chunk
+        return None
+
+    def propose(self, params, state, target_cache, pending, position, keys, sampling):
+        apply = functools.partial(self.model.apply, {"params": params})
+        start = target_cache.lengths
+        drafts, probs, cache, _, _ = _draft_steps(
+            apply, target_cache, pending, position, keys, sampling
+        )
+        return DraftProposal(drafts, probs, state, cache.truncate(start))
+
+    def commit(self, params, state, block, block_positions, kept):
+        del params, block, block_positions, kept
+        return state
+
+
+# The loop -------------------------------------------------------------------------------
+
+
 @struct.dataclass
 class _LoopState:
     """What one draft-and-verify round reads and writes (``[B]`` arrays unless noted)."""
 
     iteration: jax.Array  # int32 scalar
-    pending: jax.Array  # the sampled token not yet in either cache
+    pending: jax.Array  # the sampled token not yet in any cache
     position: jax.Array  # its position
     target_cache: Any
-    draft_cache: Any
+    drafter_state: Any
     done: jax.Array  # bool
     generated: jax.Array  # tokens written to ``out`` so far
     out: jax.Array  # int32 [B, N + G + 1]
@@ -85,56 +344,10 @@ class _LoopState:
     drafted: jax.Array
 
 
-def verify_drafts(
-    rng: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """The speculative-sampling acceptance rule for a batch of draft blocks.
-
-    Args:
-        rng: PRNG key.
-        draft_tokens: int ``[B, G]``, the drafts d_1..d_G, d_i drawn from ``draft_probs[:, i-1]``.
-        draft_probs: float ``[B, G, V]``, the draft distributions q_1..q_G.
-        target_probs: float ``[B, G + 1, V]``, the target distributions p_1..p_{G+1} at
-            the same positions, plus the one after the last draft.
-
-    Returns:
-        ``(num_accepted, next_token)``: int32 ``[B]`` in ``[0, G]``, the length of the
-        accepted prefix, and int32 ``[B]``, the token that follows it: drawn from
-        ``norm(max(0, p - q))`` at the first rejection, or from p_{G+1} when all drafts
-        were accepted.
-    """
-    batch, num_draft = draft_tokens.shape
-    if draft_probs.shape[:2] != (batch, num_draft) or target_probs.shape[:2] != (
-        batch,
-        num_draft + 1,
-    ):
-        raise ValueError(
-            f"verify_drafts: expected draft_probs [B={batch}, G={num_draft}, V] and "
-            f"target_probs [B, G + 1 = {num_draft + 1}, V]; got {draft_probs.shape} and "
-            f"{target_probs.shape}"
-        )
-    accept_rng, residual_rng = jax.random.split(rng)
-    index = draft_tokens[..., None].astype(jnp.int32)
-    p = jnp.take_along_axis(target_probs[:, :num_draft], index, axis=-1)[..., 0]
-    q = jnp.take_along_axis(draft_probs, index, axis=-1)[..., 0]
-    # u < p / q, written without the division (q > 0 for a token drawn from q).
-    accept = jax.random.uniform(accept_rng, (batch, num_draft)) * q < p
-    num_accepted = jnp.cumprod(accept.astype(jnp.int32), axis=1).sum(axis=1)
-    rows = jnp.arange(batch)
-    padded_q = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
-    residual = jnp.maximum(target_probs[rows, num_accepted] - padded_q[rows, num_accepted], 0.0)
-    # p <= q everywhere only when p == q up to rounding; then p itself is the residual.
-    residual = jnp.where(
-        residual.sum(-1, keepdims=True) > 0, residual, target_probs[rows, num_accepted]
-    )
-    next_token = jax.random.categorical(residual_rng, jnp.log(residual), axis=-1)
-    return num_accepted.astype(jnp.int32), next_token.astype(jnp.int32)
-
-
 def speculative_generate(
     target: nn.Module,
     target_params: Any,
-    draft: nn.Module,
+    draft: nn.Module | ModelDrafter | SelfDrafter,
     draft_params: Any,
     prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray,
     prompt_lengths: jax.Array | np.ndarray | None = None,
@@ -145,6 +358,10 @@ def speculative_generate(
     rng: jax.Array | None = None,
     stop_tokens: Sequence[int] = (),
     pad_id: int = 0,
+    verifier: SpeculativeSampling | None = None,
+    draft_prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray | None = None,
+    draft_prompt_lengths: jax.Array | np.ndarray | None = None,
+    prefill_chunk: int = 512,
     mesh: jax.sharding.Mesh | None = None,
     rules: Sequence[tuple[str, Any]] | None = None,
 ) -> SpeculativeOutput:
@@ -153,8 +370,9 @@ def speculative_generate(
     Args:
         target: the causal LM whose distribution the output follows.
         target_params: its parameters.
-        draft: a cheaper causal LM with the same vocabulary.
-        draft_params: its parameters.
+        draft: a drafter (``ModelDrafter``, ``SelfDrafter`` or one of your own), or a
+            causal LM, which becomes ``ModelDrafter(draft)``.
+        draft_params: the drafter's parameters.
         prompts: B token lists, or a left-padded int ``[B, P]`` array.
         prompt_lengths: int ``[B]`` real lengths of a padded array (default: all ``P``).
         max_new_tokens: N.
@@ -163,6 +381,12 @@ def speculative_generate(
         rng: PRNG key, required unless greedy.
         stop_tokens: ids that end a sequence (the stop token is emitted and counted).
         pad_id: id written after a sequence stopped and used for prompt padding.
+        verifier: the acceptance rule (``SpeculativeSampling()`` by default).
+        draft_prompts: the drafter's own prompts (default: ``prompts``), e.g. a
+            retrieved context; each must end with the same token as its target prompt
+            (the first pending token).
+        draft_prompt_lengths: real lengths of a padded ``draft_prompts`` array.
+        prefill_chunk: prompt tokens per prefill chunk.
         mesh: run under this mesh (parameters may be sharded); activations and caches
             are constrained with ``rules`` (``lhc.parallel.LOGICAL_AXIS_RULES`` by default).
         rules: logical-axis rules for a mesh.
@@ -171,29 +395,49 @@ def speculative_generate(
         A ``SpeculativeOutput``.
 
     Raises:
-        ValueError: malformed prompts, vocabularies that differ, ``num_draft < 1``,
-            ``P + N + num_draft + 1`` beyond either model's ``max_len``, a missing
-            ``rng`` for sampling.
+        ValueError: malformed prompts, vocabularies that differ, ``num_draft < 1``, a
+            prompt plus ``N + num_draft + 1`` beyond either model's ``max_len``, a
+            missing ``rng`` for sampling, draft prompts that end on another token.
     """
+    drafter = draft if isinstance(draft, (ModelDrafter, SelfDrafter)) else ModelDrafter(draft)
+    if not hasattr(drafter, "propose"):
+        raise ValueError(f"draft must be a causal LM or a drafter, got {type(draft).__name__}")
     vocab = target.config.vocab_size
-    if draft.config.vocab_size != vocab:
+    if drafter.config.vocab_size != vocab:
         raise ValueError(
-            f"draft vocab_size {draft.config.vocab_size} differs from the target's {vocab}"
+            f"draft vocab_size {drafter.config.vocab_size} differs from the target's {vocab}"
         )
     tokens, lengths = prepare_prompts(prompts, prompt_lengths, pad_id, vocab)
-    width = tokens.shape[1]
+    if draft_prompts is None:
+        draft_tokens, draft_lengths = tokens, lengths
+    else:
+        if isinstance(drafter, SelfDrafter):
+            raise ValueError("a SelfDrafter shares the target's cache: it reads the target prompt")
+        draft_tokens, draft_lengths = prepare_prompts(
+            draft_prompts, draft_prompt_lengths, pad_id, vocab
+        )
+        if draft_tokens.shape[0] != tokens.shape[0] or (draft_tokens[:, -1] != tokens[:, -1]).any():
+            raise ValueError(
+                "draft_prompts must have one prompt per target prompt, each ending with the "
+                f"target prompt's last token; got last tokens {draft_tokens[:, -1].tolist()} "
+                f"for {tokens[:, -1].tolist()}"
+            )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if num_draft < 1:
         raise ValueError(f"num_draft must be >= 1, got {num_draft}")
     # A round may append num_draft + 1 slots and keep fewer; a sequence may overshoot N
     # by up to num_draft tokens before it stops.
-    cache_len = width + max_new_tokens + num_draft + 1
-    for name, model in (("target", target), ("draft", draft)):
-        if cache_len > model.config.max_len:
+    extra = max_new_tokens + num_draft + 1
+    cache_len, draft_cache_len = tokens.shape[1] + extra, draft_tokens.shape[1] + extra
+    for name, model, needed in (
+        ("target", target, cache_len),
+        ("draft", drafter, draft_cache_len),
+    ):
+        if needed > model.config.max_len:
             raise ValueError(
-                f"prompt width {width} + max_new_tokens {max_new_tokens} + num_draft + 1 "
-                f"= {cache_len} exceeds the {name} model's max_len {model.config.max_len}"
+                f"prompt width + max_new_tokens {max_new_tokens} + num_draft + 1 = {needed} "
+                f"exceeds the {name} model's max_len {model.config.max_len}"
             )
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
@@ -201,98 +445,97 @@ def speculative_generate(
     run = functools.partial(
         _speculative_jit,
         target,
-        draft,
+        drafter,
+        verifier if verifier is not None else SpeculativeSampling(),
         max_new_tokens=int(max_new_tokens),
         num_draft=int(num_draft),
-        sampling=sampling,
-        stop_tokens=tuple(int(t) for t in stop_tokens),
-        pad_id=int(pad_id),
         cache_len=int(cache_len),
+        draft_cache_len=int(draft_cache_len),
+        prefill_chunk=int(prefill_chunk),
         rules=static_rules(mesh, rules),
     )
     with mesh_context(mesh):
-        return run(target_params, draft_params, jnp.asarray(tokens), jnp.asarray(lengths), rng)
+        return run(
+            target_params, draft_params, jnp.asarray(tokens), jnp.asarray(lengths),
+            jnp.asarray(draft_tokens), jnp.asarray(draft_lengths), rng, sampling.as_arrays(),
+            jnp.asarray(stop_token_array(stop_tokens)), jnp.int32(pad_id),
+        )  # fmt: skip
 
 
 @functools.partial(
     jax.jit,
-    static_argnums=(0, 1),
+    static_argnums=(0, 1, 2),
     static_argnames=(
-        "max_new_tokens", "num_draft", "sampling", "stop_tokens", "pad_id", "cache_len",
-        "rules",
+        "max_new_tokens", "num_draft", "cache_len", "draft_cache_len", "prefill_chunk", "rules",
     ),
 )  # fmt: skip
 def _speculative_jit(
-    target, draft, target_params, draft_params, tokens, prompt_lengths, rng, *,
-    max_new_tokens, num_draft, sampling, stop_tokens, pad_id, cache_len, rules,
+    target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
+    draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, *, max_new_tokens,
+    num_draft, cache_len, draft_cache_len, prefill_chunk, rules,
 ):  # fmt: skip
     with rules_context(rules):
         return _speculative_loop(
-            target, draft, target_params, draft_params, tokens, prompt_lengths, rng,
-            max_new_tokens=max_new_tokens, num_draft=num_draft, sampling=sampling,
-            stop_tokens=stop_tokens, pad_id=pad_id, cache_len=cache_len,
+            target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
+            draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id,
+            max_new_tokens=max_new_tokens, num_draft=num_draft, cache_len=cache_len,
+            draft_cache_len=draft_cache_len, prefill_chunk=prefill_chunk,
         )  # fmt: skip
 
 
 def _speculative_loop(
-    target, draft, target_params, draft_params, tokens, prompt_lengths, rng, *,
-    max_new_tokens, num_draft, sampling, stop_tokens, pad_id, cache_len,
+    target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
+    draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, *, max_new_tokens,
+    num_draft, cache_len, draft_cache_len, prefill_chunk,
 ):  # fmt: skip
     batch_size, width = tokens.shape
     apply_target = functools.partial(target.apply, {"params": target_params})
-    apply_draft = functools.partial(draft.apply, {"params": draft_params})
     target_cache = empty_cache(target, batch_size, cache_len)
-    draft_cache = empty_cache(draft, batch_size, cache_len)
     # Prefill everything but the last prompt token, which becomes the pending token.
     if width > 1:
         positions = left_padded_positions(prompt_lengths, width)[:, :-1]
-        _, target_cache = apply_target(tokens[:, :-1], positions, target_cache)
-        _, draft_cache = apply_draft(tokens[:, :-1], positions, draft_cache)
+        _, target_cache = prefill_chunks(
+            target, target_params, tokens[:, :-1], positions, target_cache,
+            chunk_size=prefill_chunk,
+        )  # fmt: skip
+    draft_width = draft_tokens.shape[1]
+    draft_positions = left_padded_positions(draft_lengths, draft_width)[:, :-1]
+    drafter_state = drafter.prefill(
+        draft_params, draft_tokens[:, :-1], draft_positions, target_cache,
+        cache_len=draft_cache_len, prefill_chunk=prefill_chunk,
+    )  # fmt: skip
     offsets = jnp.arange(num_draft + 1, dtype=jnp.int32)
-    stop_ids = jnp.asarray(stop_tokens, jnp.int32)
     buffer_len = max_new_tokens + num_draft + 1
-
-    def draft_step(carry, key):
-        token, position, cache = carry
-        logits, cache = apply_draft(token[:, None], position[:, None], cache)
-        probs = logits_to_probs(logits[:, -1], sampling)
-        proposal = jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
-        next_position = jnp.where(position < 0, -1, position + 1)
-        return (proposal, next_position, cache), (proposal, probs)
+    # The drafter feeds its pending token at its own position (its prompt may differ).
+    draft_shift = draft_lengths - prompt_lengths
 
     def body(state: _LoopState) -> _LoopState:
         pending, position, done = state.pending, state.position, state.done
         keys = jax.random.split(jax.random.fold_in(rng, state.iteration), num_draft + 1)
-        fed_position = jnp.where(done, -1, position)
-        target_start, draft_start = state.target_cache.lengths, state.draft_cache.lengths
+        draft_position = jnp.where(done, -1, position + draft_shift)
+        target_start = state.target_cache.lengths
 
-        # Draft: feed the pending token and the drafts, sampling d_1..d_G on the way.
-        (last, last_position, draft_cache), (proposals, draft_probs) = jax.lax.scan(
-            draft_step, (pending, fed_position, state.draft_cache), keys[:num_draft]
-        )
-        proposals = proposals.T  # [B, G]
-        draft_probs = jnp.swapaxes(draft_probs, 0, 1)  # [B, G, V]
-        # d_G itself, so that the draft cache holds it when every draft is accepted.
-        _, draft_cache = apply_draft(last[:, None], last_position[:, None], draft_cache)
+        proposal = drafter.propose(
+            draft_params, state.drafter_state, state.target_cache, pending, draft_position,
+            keys[:num_draft], sampling,
+        )  # fmt: skip
+        proposals = proposal.tokens
 
         # Target: score the pending token and all drafts at once.
         block = jnp.concatenate([pending[:, None], proposals], axis=1)
         block_positions = jnp.where(done[:, None], -1, position[:, None] + offsets[None, :])
-        target_logits, target_cache = apply_target(block, block_positions, state.target_cache)
-        target_probs = logits_to_probs(target_logits, sampling)
-
-        num_accepted, next_token = verify_drafts(keys[-1], proposals, draft_probs, target_probs)
+        target_logits, target_cache = apply_target(block, block_positions, proposal.target_cache)
+        num_accepted, next_token = verifier(
+            keys[-1], proposals, proposal.probs, target_logits, sampling
+        )
         new_tokens = jnp.concatenate([proposals, jnp.zeros_like(proposals[:, :1])], axis=1)
         new_tokens = jnp.where(
             offsets[None, :] == num_accepted[:, None], next_token[:, None], new_tokens
         )
         count = num_accepted + 1
-        if stop_tokens:
-            is_stop = jnp.isin(new_tokens, stop_ids) & (offsets[None, :] < count[:, None])
-            count = jnp.where(is_stop.any(axis=1), jnp.argmax(is_stop, axis=1) + 1, count)
-            stopped = is_stop.any(axis=1)
-        else:
-            stopped = jnp.zeros_like(done)
+        is_stop = jnp.isin(new_tokens, stop_ids) & (offsets[None, :] < count[:, None])
+        stopped = is_stop.any(axis=1)
+        count = jnp.where(stopped, jnp.argmax(is_stop, axis=1) + 1, count)
         count = jnp.where(done, 0, count)
 
         # Write the new tokens at each sequence's own offset in the output buffer.
@@ -300,15 +543,21 @@ def _speculative_loop(
         columns = jnp.where(write, state.generated[:, None] + offsets[None, :], buffer_len)
         out = state.out.at[jnp.arange(batch_size)[:, None], columns].set(new_tokens, mode="drop")
 
-        # Keep the pending token and the accepted drafts in both caches.
+        # Keep the pending token and the accepted drafts in every cache.
         kept = jnp.where(done, 0, num_accepted + 1)
+        draft_block_positions = jnp.where(
+            done[:, None], -1, draft_position[:, None] + offsets[None, :]
+        )
+        drafter_state = drafter.commit(
+            draft_params, proposal.state, block, draft_block_positions, kept
+        )
         generated = state.generated + count
         return _LoopState(
             iteration=state.iteration + 1,
             pending=next_token,
             position=jnp.where(done, position, position + kept),
             target_cache=target_cache.truncate(target_start + kept),
-            draft_cache=draft_cache.truncate(draft_start + kept),
+            drafter_state=drafter_state,
             done=done | stopped | (generated >= max_new_tokens),
             generated=generated,
             out=out,
@@ -325,7 +574,7 @@ def _speculative_loop(
             pending=tokens[:, -1],
             position=prompt_lengths - 1,
             target_cache=target_cache,
-            draft_cache=draft_cache,
+            drafter_state=drafter_state,
             done=jnp.zeros((batch_size,), bool),
             generated=zeros,
             out=jnp.full((batch_size, buffer_len), pad_id, jnp.int32),

@@ -186,3 +186,58 @@ def test_bad_arguments():
             jnp.ones((2, 3, 5)),
             jnp.ones((2, 3, 5)),
         )
+
+
+def test_self_drafter_in_the_target_cache_and_a_drafter_with_its_own_prompt():
+    """A SelfDrafter writes its drafts into the target's cache, which the verification
+    overwrites; a ModelDrafter may read a shorter prompt of its own. Both leave greedy
+    decoding of the target unchanged."""
+    from lhc.lm.speculative import ModelDrafter, SelfDrafter
+
+    target_params = _params(TARGET, 0)
+    target = lm.Transformer(TARGET)
+    steps = 12
+    want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
+    quantized_like = _perturbed(target_params, 6, 0.1)
+    got = speculative_generate(
+        target, target_params, SelfDrafter(target), quantized_like, PROMPTS, max_new_tokens=steps,
+        num_draft=3,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    assert 0.0 < float(got.acceptance_rate) < 1.0
+    # A drafter that sees only the last two prompt tokens.
+    short = [p[-2:] for p in PROMPTS]
+    got = speculative_generate(
+        target, target_params, ModelDrafter(target), target_params, PROMPTS, max_new_tokens=steps,
+        num_draft=3, draft_prompts=short,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    with pytest.raises(ValueError, match="ending with the target prompt's last token"):
+        speculative_generate(
+            target, target_params, target, target_params, PROMPTS, max_new_tokens=4,
+            draft_prompts=[[1], [2], [3], [4]],
+        )  # fmt: skip
+
+
+def test_a_verifier_variant_changes_only_what_it_overrides():
+    """A verifier whose acceptance test uses the draft's own distribution (p_hat = q)
+    accepts every draft: the output is then the draft's greedy decoding."""
+    from lhc.lm.speculative import SpeculativeSampling
+
+    class AcceptAll(SpeculativeSampling):
+        def adjust(self, target_logits, draft_probs, sampling):
+            target_probs, _ = super().adjust(target_logits, draft_probs, sampling)
+            padded = jnp.concatenate([draft_probs, target_probs[:, -1:]], axis=1)
+            return target_probs, padded
+
+    target, draft = lm.Transformer(TARGET), lm.Transformer(DRAFT)
+    target_params, draft_params = _params(TARGET, 0), _params(DRAFT, 1)
+    got = speculative_generate(
+        target, target_params, draft, draft_params, PROMPTS, max_new_tokens=8, num_draft=3,
+        verifier=AcceptAll(),
+    )  # fmt: skip
+    assert float(got.acceptance_rate) == 1.0
+    drafts_only = lm.generate(draft, draft_params, PROMPTS, max_new_tokens=8)
+    # Rounds of 3 drafts and a bonus token from the target: columns 0-2, 4-6 are drafts.
+    tokens = np.asarray(got.tokens)
+    np.testing.assert_array_equal(tokens[:, :3], np.asarray(drafts_only.tokens)[:, :3])
