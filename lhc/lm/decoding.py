@@ -567,7 +567,8 @@ def generate(
         padding = np.full((batch_size, bucketed - width), pad_id, np.int32)
         tokens = np.concatenate([padding, tokens], axis=1)
     if cache is None and cache_len is None:
-        cache_len = min(max_len, bucketed + buffer_len - 1)
+        # One spare slot keeps the length a multiple of 16 (it shards evenly).
+        cache_len = min(max_len, bucketed + buffer_len)
     rules = static_rules(mesh, rules)
     sampling_arrays = sampling.as_arrays()
     with mesh_context(mesh):

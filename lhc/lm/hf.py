@@ -458,8 +458,7 @@ def load(
     params = params_from_hf(config, tensors)
     del tensors
     if config.scan_layers:
-        params = stack_layer_params(params, config.num_layers)
-        params = jax.tree.map(np.asarray, params)
+        params = stack_layer_params(params, config.num_layers)  # numpy: on the host
     if mesh is None:
         return config, jax.tree.map(jnp.asarray, params)
     if rules is None:

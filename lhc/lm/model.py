@@ -384,6 +384,8 @@ class Transformer(nn.Module):
 def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
     """Converts ``layers_{i}`` subtrees (``scan_layers=False``) into one stacked ``layers``.
 
+    numpy leaves stay on the host (``np.stack``); jax arrays are stacked by jax.
+
     Raises:
         ValueError: a ``layers_{i}`` subtree is missing.
     """
@@ -394,7 +396,13 @@ def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any
         if name not in params:
             raise ValueError(f"params have no {name!r} (expected {num_layers} layers)")
         per_layer.append(params.pop(name))
-    params["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer)
+    # numpy leaves (a checkpoint read from disk) are stacked on the host: an 8B model's
+    # layers would need about 14 GiB on one device otherwise.
+    def stack(*leaves):
+        on_host = all(isinstance(leaf, np.ndarray) for leaf in leaves)
+        return np.stack(leaves) if on_host else jnp.stack(leaves)
+
+    params["layers"] = jax.tree.map(stack, *per_layer)
     return params
 
 

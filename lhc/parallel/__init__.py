@@ -2,6 +2,7 @@
 
 from lhc.parallel.mesh import (
     LOGICAL_AXIS_RULES,
+    long_context_decode_rules,
     MESH_AXES,
     batch_sharding,
     global_batch,
@@ -19,6 +20,7 @@ from lhc.parallel.mesh import (
 
 __all__ = [
     "LOGICAL_AXIS_RULES",
+    "long_context_decode_rules",
     "MESH_AXES",
     "batch_sharding",
     "global_batch",

@@ -53,6 +53,29 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def long_context_decode_rules(
+    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES,
+    sequence_axes: str | tuple[str, ...] = ("data", "fsdp"),
+) -> tuple[tuple[str, Any], ...]:
+    """Rules for decoding one long sequence: the cache's slots split over mesh axes.
+
+    At batch 1 the batch axes have nothing to split; instead each device keeps
+    ``S / n`` slots of every layer's cache and attends over them, and XLA combines the
+    per-device softmax statistics with small all-reduces (flash-decoding across devices).
+    The cache length must divide evenly (``generate``'s default lengths are multiples of
+    16). Heads stay on ``tensor``.
+
+    Args:
+        rules: the rules to start from.
+        sequence_axes: mesh axes for the cache's ``cache_len`` axis; the batch axes that
+            used them (``act_batch``, ``cache_batch``) are replicated instead.
+    """
+    axes = (sequence_axes,) if isinstance(sequence_axes, str) else tuple(sequence_axes)
+    changed = {"cache_len": axes, "cache_batch": None, "act_batch": None}
+    out = [(name, changed.pop(name) if name in changed else target) for name, target in rules]
+    return tuple(out) + tuple(changed.items())
+
+
 def resolve_mesh_shape(
     shape: Sequence[int], num_devices: int, axes: Sequence[str] = MESH_AXES
 ) -> tuple[int, ...]:

@@ -61,6 +61,22 @@ def test_save_load_round_trip(tmp_path, qkv_bias, tie):
     _assert_trees_equal(scan_params, expected)
 
 
+def test_scan_layout_is_stacked_on_the_host(tmp_path, monkeypatch):
+    config = lm.LMConfig.tiny()
+    params = _random_params(config)
+    hf.save(config, params, tmp_path)
+
+    def device_stack(*args, **kwargs):
+        raise AssertionError("hf.load stacked layers with jnp.stack (on a device)")
+
+    monkeypatch.setattr(jnp, "stack", device_stack)
+    _, loaded = hf.load(tmp_path, scan_layers=True)
+    monkeypatch.undo()
+    _assert_trees_equal(loaded, lm.stack_layer_params(params, config.num_layers))
+    host = lm.stack_layer_params(jax.tree.map(np.asarray, params), config.num_layers)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(host["layers"]))
+
+
 def test_load_reads_bfloat16_tensors(tmp_path):
     config = lm.LMConfig.tiny()
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _random_params(config))

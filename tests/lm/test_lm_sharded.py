@@ -88,6 +88,23 @@ _SCRIPT = textwrap.dedent(
             cache_shape=list(out.cache.keys.shape),
             init_mlp_spec=str((initialised["layers"] if scan_layers else initialised["layers_0"])["mlp"]["gate"]["kernel"].sharding.spec),
         )
+    # Batch 1, a long prompt: the cache's slots split over data=8 (flash decoding
+    # across devices) give the tokens of one device; the loop only all-reduces.
+    from lhc.parallel import long_context_decode_rules
+    config = lm.LMConfig.tiny(vocab_size=128, max_len=512)
+    params = jax.tree.map(lambda x: x * 3, lm.init_params(config, jax.random.key(0)))
+    model = lm.Transformer(config)
+    prompt = [list(np.random.default_rng(0).integers(0, 128, 200))]
+    single = lm.generate(model, params, prompt, max_new_tokens=20)
+    sequence_mesh = make_mesh((8, 1, 1))
+    rules = long_context_decode_rules()
+    out = lm.generate(model, params, prompt, max_new_tokens=20, mesh=sequence_mesh, rules=rules)
+    results["long_context"] = dict(
+        tokens_equal=bool((np.asarray(out.tokens) == np.asarray(single.tokens)).all()),
+        distinct_tokens=int(len(np.unique(np.asarray(single.tokens)))),
+        cache_shape=list(out.cache.keys.shape),
+        cache_shard_shape=list(out.cache.keys.addressable_shards[0].data.shape),
+    )
     print("RESULT " + json.dumps(results))
     """
 )
@@ -105,6 +122,10 @@ def test_sharded_generation_equals_single_device():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
     results = json.loads(line[len("RESULT ") :])
+    long_context = results.pop("long_context")
+    assert long_context["tokens_equal"] and long_context["distinct_tokens"] > 4, long_context
+    layers, batch, kv_heads, slots, head_dim = long_context["cache_shape"]
+    assert long_context["cache_shard_shape"] == [layers, batch, kv_heads, slots // 8, head_dim]
     for scan_layers, r in results.items():
         assert r["tokens_equal"], (scan_layers, r)
         assert r["loaded_equal"] and r["loaded_query_spec"] == r["query_spec"], r
