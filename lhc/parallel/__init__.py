@@ -2,11 +2,11 @@
 
 from lhc.parallel.mesh import (
     LOGICAL_AXIS_RULES,
-    long_context_decode_rules,
     MESH_AXES,
     batch_sharding,
     global_batch,
     logical_shardings,
+    long_context_decode_rules,
     make_mesh,
     maybe_initialize_distributed,
     mesh_from_config,
