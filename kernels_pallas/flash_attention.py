@@ -29,6 +29,15 @@ visible pair (a block above the causal diagonal, or outside the window), which i
 
 Scores, the running max and sum and the output accumulator are float32 whatever the
 input dtype; the output is cast to ``query.dtype``.
+
+Why lhc has its own kernels rather than a maintained one: jax's Pallas flash attention
+(``jax.experimental.pallas.ops.tpu/gpu``), tokamax and cuDNN through
+``jax.nn.dot_product_attention`` take a causal mask by *index* plus segment ids (or a
+sliding window by index, or an explicit bias), while lhc's caches hold tokens in any slot
+order with positions that need not equal slot indices (left padding, rings, rewound and
+re-appended spans). A causal mask by index is wrong there, and a full ``[T, S]`` bias is
+the memory this op exists to avoid; the position mask is computed in the kernel from two
+integer vectors instead.
 """
 
 from __future__ import annotations

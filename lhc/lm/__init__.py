@@ -1,8 +1,44 @@
-"""Decoder-only LM family (Llama / Qwen2 layout): config, model, KV cache, generation,
-speculative decoding.
+"""Decoder-only LMs and the causal-LM protocol that every lhc language model follows.
 
-The causal-LM protocol is described in ``lhc.lm.model``; the cache layout and the
-padding convention in ``lhc.lm.cache``; Hugging Face checkpoints in ``lhc.lm.hf``.
+**The model.** ``lhc.lm.Transformer`` (Llama / Qwen2 / Mistral layout; Hugging Face
+checkpoints through ``lhc.lm.hf``) and every other causal LM in lhc (GCA, the recurrent
+LMs) are linen modules called as::
+
+    logits, cache = model.apply({"params": params}, tokens, positions, cache)
+
+``tokens, positions``: int32 ``[B, T]`` (position -1 marks padding, never attended to and
+leaving a recurrent state unchanged); ``logits``: float32 ``[B, T, V]``; ``cache=None``
+for a plain forward pass. ``model.init_cache(batch, max_len)`` makes an empty cache and
+``model.config`` has ``vocab_size`` and ``max_len``. Keyword arguments: ``last_only``
+(logits of the last column only: the last prompt token of left-padded prompts) and, for
+the Transformer, ``embeddings`` / ``embedding_mask`` (input embeddings instead of, or
+interleaved with, token ids) and ``intervention`` (an ``lhc.nn.Intervention`` that adds
+to or replaces the residual stream or the attention output of chosen layers and tokens).
+Appending tokens one chunk at a time gives the logits of one full forward pass.
+
+**The cache.** Any pytree with the protocol of ``lhc.lm.cache``: per-sequence
+``lengths``, a ``capacity`` (or none), ``truncate`` to lengths and
+``truncate_at_position`` to positions, ``next_positions``, ``can_append`` /
+``validate_append`` (an overflow gives NaN logits under jit and an error otherwise), and
+``logical_axes`` for sharding. Caches of attention layers add a per-layer interface: a
+writer shared by the layers of one call stores a layer's keys and values and returns
+what that layer attends to, keys and values with *their own* positions, so a cache may
+keep different tokens in different layers. ``KVCache`` keeps every token,
+``SlidingWindowKVCache`` a ring of the last ones; a quantized store or a pruned memory
+is another implementation of the same interface.
+
+**Decoding** (``lhc.lm.decoding``): ``prefill`` in chunks, the jitted ``decode_step``,
+``decode_loop`` with explicit positions and a ``step_hook(state) -> state``, and
+``generate`` (which may continue from a cache). Sampling parameters, stop tokens and
+lengths are traced and prompt widths bucketed, so nearby calls share one program.
+
+**Speculative decoding** (``lhc.lm.speculative``): a drafter (``ModelDrafter`` with its
+own prompt and cache, ``SelfDrafter`` in the target's cache) proposes, a verifier
+(``SpeculativeSampling`` and its variants) accepts, and every cache is cut back to what
+was kept.
+
+Everything above works on any model that follows the protocol; the tests pin it with a
+small recurrent model that is not the Transformer.
 """
 
 from lhc.lm import hf

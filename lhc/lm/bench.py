@@ -8,6 +8,16 @@ read every weight once per step and the whole KV cache of each sequence; the byt
 per decoded token and the resulting time floor at a given HBM bandwidth are reported.
 
     lhc bench lm-decode --configs tiny,lm_100m --hbm-gbps 819 --json out.json
+
+``--against transformers`` compares lhc's greedy decoding with ``transformers``'
+``generate`` on the same random checkpoint (``lm_100m`` by default, written once as
+safetensors and read by both), at each ``--batch-sizes``, in one run: tokens/s of each,
+the ratio, whether the tokens agree, and at batch 1 the fraction of this machine's memory
+bandwidth that lhc's decode steps reach (the bandwidth measured in the same run by a
+streaming read of a 1 GiB array). ``--prefill-len N`` measures, in a fresh process, the
+peak memory of prefilling one N-token prompt with the chunked attention.
+
+    lhc bench lm-decode --against transformers --batch-sizes 1,8 --prefill-len 32768
 """
 
 from __future__ import annotations
@@ -15,6 +25,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
@@ -23,9 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.lm import hf
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig, get_preset
-from lhc.lm.model import Transformer, abstract_params, count_params
+from lhc.lm.decoding import generate, prefill
+from lhc.lm.model import Transformer, abstract_params, count_params, init_params
 
 
 def decode_bytes_per_token(
@@ -165,6 +181,169 @@ def measure(
     )
 
 
+def memory_bandwidth(num_bytes: int = 2**30, repeats: int = 5) -> float:
+    """Bytes per second of a jitted streaming read (a sum) of a ``num_bytes`` array."""
+    data = jnp.ones((num_bytes // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    seconds = _best_time(lambda: total(data), repeats)
+    return data.nbytes / seconds
+
+
+def _agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
+    """Equal tokens overall, and the mean length of the equal prefix per row (greedy
+    decodings that differ once, at a near-tie, differ after it too)."""
+    equal = ours == theirs
+    first_difference = np.where(equal.all(1), equal.shape[1], np.argmin(equal, axis=1))
+    return dict(
+        tokens_equal=float(equal.mean()), equal_prefix=float(first_difference.mean()),
+        all_equal=bool(equal.all()),
+    )  # fmt: skip
+
+
+def compare_with_transformers(
+    name: str,
+    config: LMConfig,
+    batch_sizes: tuple[int, ...],
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Greedy decoding of lhc and of ``transformers.generate`` on the same checkpoint.
+
+    Both read one safetensors checkpoint of random weights; both generate ``new_tokens``
+    after a random ``prompt_len`` prompt, timed end to end (prefill included) as the best
+    of ``repeats`` runs after a warm-up. At batch 1 lhc's decode steps alone are timed too
+    (``generate`` of ``new_tokens`` minus ``generate`` of one token) and set against the
+    bytes a step must read (every weight and the cached keys and values) and the measured
+    bandwidth.
+    """
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    # The model's own initialisation (unit norms, fan-in scaled weights): logits with a
+    # clear argmax, so that both decodings can agree token for token.
+    params = jax.device_get(init_params(config, jax.random.key(seed)))
+    with tempfile.TemporaryDirectory() as directory:
+        hf.save(config, params, directory)
+        config, params = hf.load(directory)
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32
+        ).eval()
+    model = Transformer(config)
+    bandwidth = memory_bandwidth()
+    rows = []
+    for batch_size in batch_sizes:
+        prompt = np.random.default_rng(seed + batch_size).integers(
+            0, config.vocab_size, (batch_size, prompt_len)
+        )
+
+        def ours(steps=new_tokens, prompt=prompt):
+            return generate(model, params, prompt, max_new_tokens=steps).tokens
+
+        def theirs(prompt=prompt):
+            with torch.no_grad():
+                return torch_model.generate(
+                    torch.tensor(prompt), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+                    max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                    pad_token_id=0, eos_token_id=None,
+                )[:, prompt_len:].numpy()  # fmt: skip
+
+        lhc_s = _best_time(ours, repeats)
+        transformers_s = _best_time(theirs, repeats)
+        row = dict(
+            batch_size=batch_size,
+            lhc_s=lhc_s,
+            transformers_s=transformers_s,
+            lhc_tokens_per_s=batch_size * new_tokens / lhc_s,
+            transformers_tokens_per_s=batch_size * new_tokens / transformers_s,
+            speedup=transformers_s / lhc_s,
+            **_agreement(np.asarray(ours()), theirs()),
+        )
+        if batch_size == 1:
+            one_token_s = _best_time(lambda: ours(1), repeats)
+            step_s = (lhc_s - one_token_s) / (new_tokens - 1)
+            context = prompt_len + new_tokens / 2
+            step_bytes = decode_bytes_per_token(config, int(context), 1)["bytes_per_step"]
+            row.update(
+                decode_step_s=step_s,
+                bytes_per_step=step_bytes,
+                bandwidth_fraction=step_bytes / step_s / bandwidth,
+            )
+        rows.append(row)
+    return dict(
+        config=name, num_params=count_params(config), dtype=config.dtype, prompt_len=prompt_len,
+        new_tokens=new_tokens, measured_bandwidth_gbps=bandwidth / 1e9,
+        torch_version=torch.__version__, transformers_version=transformers.__version__,
+        torch_threads=torch.get_num_threads(), rows=rows,
+    )  # fmt: skip
+
+
+_PREFILL_WORKER = """
+import json, resource, sys, time
+from lhc.lm import bench
+print("RESULT " + json.dumps(bench._prefill_worker(*json.loads(sys.argv[1]))))
+"""
+
+
+def _prefill_worker(name: str, prompt_len: int, chunk_size: int, impl: str) -> dict[str, Any]:
+    import resource
+
+    config = _config(name).replace(max_len=max(prompt_len, 1), attention_impl=impl)
+    params = _random_params(config)
+    model = Transformer(config)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (1, prompt_len)))
+    positions = jnp.arange(prompt_len, dtype=jnp.int32)[None]
+    cache = init_cache(config, 1, prompt_len)
+    compiled = prefill.lower(model, params, tokens, positions, cache, chunk_size=chunk_size)
+    analysis = compiled.compile().memory_analysis()
+    start = time.perf_counter()
+    logits, cache = prefill(model, params, tokens, positions, cache, chunk_size=chunk_size)
+    jax.block_until_ready((logits, cache))
+    seconds = time.perf_counter() - start
+    return dict(
+        config=name, prompt_len=prompt_len, chunk_size=chunk_size, attention_impl=impl,
+        seconds=seconds, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        compiled_temp_bytes=int(analysis.temp_size_in_bytes),
+        cache_bytes=int(sum(x.nbytes for x in jax.tree.leaves(cache))),
+        finite=bool(np.isfinite(np.asarray(logits)).all()),
+    )  # fmt: skip
+
+
+def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: str) -> dict:
+    """Peak resident memory of prefilling one prompt, measured in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PREFILL_WORKER, json.dumps([name, prompt_len, chunk_size, impl])],
+        capture_output=True, text=True, env=dict(os.environ),
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"prefill measurement failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _format_comparison(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['config']} ({result['num_params']:,} params, {result['dtype']}), prompt "
+        f"{result['prompt_len']}, {result['new_tokens']} new tokens, greedy; torch "
+        f"{result['torch_version']} ({result['torch_threads']} threads), transformers "
+        f"{result['transformers_version']}; measured bandwidth "
+        f"{result['measured_bandwidth_gbps']:.2f} GB/s",
+        f"{'batch':>5} {'lhc tok/s':>10} {'transformers tok/s':>19} {'ratio':>7} "
+        f"{'tokens equal':>13} {'equal prefix':>13} {'bandwidth':>10}",
+    ]
+    for row in result["rows"]:
+        fraction = row.get("bandwidth_fraction")
+        lines.append(
+            f"{row['batch_size']:>5} {row['lhc_tokens_per_s']:>10.1f} "
+            f"{row['transformers_tokens_per_s']:>19.1f} {row['speedup']:>6.2f}x "
+            f"{row['tokens_equal']:>13.3f} {row['equal_prefix']:>13.1f} "
+            f"{'' if fraction is None else f'{100 * fraction:.0f}%':>10}"
+        )
+    return "\n".join(lines)
+
+
 def _config(name: str) -> LMConfig:
     if name == "tiny":
         return LMConfig.tiny()
@@ -222,6 +401,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--hbm-gbps", type=float, default=819.0, help="memory bandwidth in GB/s (v5e: 819)"
     )
+    parser.add_argument(
+        "--against", default=None, choices=["transformers"],
+        help="compare greedy decoding with transformers.generate on the same checkpoint",
+    )  # fmt: skip
+    parser.add_argument("--against-config", default="lm_100m")
+    parser.add_argument("--batch-sizes", default="1,8", help="for --against")
+    parser.add_argument("--new-tokens", type=int, default=64, help="for --against")
+    parser.add_argument(
+        "--prefill-len", type=int, default=0,
+        help="measure the peak memory of prefilling a prompt this long (0: skip)",
+    )  # fmt: skip
+    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--prefill-impl", default="chunked")
     parser.add_argument("--json", default=None, help="write the results to this path")
     args = parser.parse_args(argv)
     for flag in ("batch_size", "prompt_len", "decode_steps", "repeats", "context_len"):
@@ -263,6 +455,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         analytic["max_tokens_per_s"] = args.batch_size / step_floor
     result = dict(device=str(jax.devices()[0].device_kind), measured=measured, analytic=analytic)
     print(_format_table(result))
+    if args.against == "transformers":
+        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
+        if min(batch_sizes) < 1 or args.new_tokens < 2:
+            parser.error("--batch-sizes must be >= 1 and --new-tokens >= 2")
+        comparison = compare_with_transformers(
+            args.against_config, _config(args.against_config), batch_sizes, args.prompt_len,
+            args.new_tokens, args.repeats,
+        )  # fmt: skip
+        result["against_transformers"] = comparison
+        print()
+        print(_format_comparison(comparison))
+    if args.prefill_len:
+        memory = measure_prefill_memory(
+            args.against_config, args.prefill_len, args.prefill_chunk, args.prefill_impl
+        )
+        result["prefill_memory"] = memory
+        print()
+        print(
+            f"prefill of {memory['prompt_len']:,} tokens ({memory['config']}, chunks of "
+            f"{memory['chunk_size']}, attention {memory['attention_impl']}): peak RSS "
+            f"{memory['peak_rss_bytes'] / 2**30:.2f} GiB (cache {memory['cache_bytes'] / 2**30:.2f}"
+            f" GiB, compiled temporaries {memory['compiled_temp_bytes'] / 2**30:.2f} GiB), "
+            f"{memory['seconds']:.1f} s"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

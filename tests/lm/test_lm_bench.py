@@ -50,3 +50,33 @@ def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):
     assert a["bytes_per_token"] == (weight_bytes + 2 * kv_bytes) / 2
     assert abs(a["time_floor_s_per_token"] - a["bytes_per_token"] / 819e9) < 1e-12
     assert abs(a["max_tokens_per_s"] - 819e9 / a["bytes_per_token"]) < 1e-6
+
+
+def test_bench_against_transformers_structure_and_agreement(capsys):
+    """The comparison on the tiny config: both decode the same checkpoint to the same
+    tokens, and the ratio is the ratio of the two measured times."""
+    result = bench.main(
+        [
+            "--configs", "", "--real-config", "", "--against", "transformers",
+            "--against-config", "tiny", "--batch-sizes", "1,2", "--new-tokens", "6",
+            "--prompt-len", "8", "--repeats", "1",
+        ]
+    )  # fmt: skip
+    comparison = result["against_transformers"]
+    assert "transformers tok/s" in capsys.readouterr().out
+    assert [row["batch_size"] for row in comparison["rows"]] == [1, 2]
+    for row in comparison["rows"]:
+        assert row["all_equal"] and row["tokens_equal"] == 1.0 and row["equal_prefix"] == 6
+        assert row["speedup"] == row["transformers_s"] / row["lhc_s"]
+    assert "bandwidth_fraction" in comparison["rows"][0]
+    assert comparison["measured_bandwidth_gbps"] > 0
+
+
+def test_agreement_counts_the_equal_prefix():
+    import numpy as np
+
+    ours = np.array([[1, 2, 3, 4], [1, 2, 3, 4]])
+    theirs = np.array([[1, 2, 3, 4], [1, 9, 3, 4]])
+    assert bench._agreement(ours, theirs) == dict(
+        tokens_equal=7 / 8, equal_prefix=2.5, all_equal=False
+    )
