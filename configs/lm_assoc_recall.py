@@ -36,6 +36,9 @@ def get_config(arg=None):
     seq_len = 2 * (pairs + queries) - 1
 
     config = base_config("causal_lm")
+    # The causal-LM task builds config.model through this function (a method's config
+    # points it at its own builder, e.g. a GCA or recurrent LM).
+    config.model_factory = "lhc.train.causal_lm:transformer_from_config"
     config.num_steps = 20 if arg.runlocal else steps
     config.batch_size = batch
     config.eval_batches = 4

@@ -1,14 +1,21 @@
 """Causal language modelling on generated sequences (associative recall, copying).
 
-The model is ``lhc.lm.Transformer`` built from ``config.model``; the data come from
-``lhc.data.synthetic``. The loss is next-token cross-entropy restricted to the
-positions the generator marks (``weights``), so the chance level is known exactly.
+The model comes from a model factory: ``config.model_factory`` is an import path
+``"package.module:function"`` to a function ``factory(config.model) -> nn.Module``
+(default ``transformer_from_config``, the ``lhc.lm.Transformer``). The module follows
+the causal-LM protocol, ``logits, cache = model.apply({"params": p}, tokens,
+positions)`` with ``tokens, positions: int32[B, T]`` and ``logits: float[B, T, V]``,
+so any causal LM (GCA, recurrent models) trains through this task by pointing
+``model_factory`` at its own builder. The data come from ``lhc.data.synthetic``. The
+loss is next-token cross-entropy restricted to the positions the generator marks
+(``weights``), so the chance level is known exactly.
 """
 
 from __future__ import annotations
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -16,7 +23,9 @@ from lhc import lm
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
 from lhc.parallel import global_batch
-from lhc.train.tasks import Task, register_task
+from lhc.train.tasks import Task, import_path, register_task
+
+DEFAULT_MODEL_FACTORY = "lhc.train.causal_lm:transformer_from_config"
 
 _GENERATORS = {
     "associative_recall": synthetic.associative_recall,
@@ -45,16 +54,54 @@ def weighted_cross_entropy(logits, targets, weights):
     return loss, accuracy, weights.sum()
 
 
+def transformer_from_config(model_config) -> lm.Transformer:
+    """The default model factory: ``lhc.lm.Transformer`` from a ConfigDict of its fields.
+
+    Args:
+      model_config: ``config.model``, the fields of ``lhc.lm.LMConfig``.
+
+    Returns:
+      The (unbound) Transformer.
+
+    Raises:
+      ValueError: when a field is unknown to ``lhc.lm.LMConfig``.
+    """
+    return lm.Transformer(lm_config_from(model_config))
+
+
 @register_task("causal_lm")
 class CausalLMTask(Task):
-    """Trains ``lhc.lm.Transformer`` on ``config.data.name`` sequences.
+    """Trains the causal LM that ``config.model_factory`` builds on ``config.data.name``.
 
-    Config keys used: ``model`` (fields of ``lhc.lm.LMConfig``), ``data`` (``name`` and
-    the generator's keyword arguments), ``batch_size``, ``seed``, ``eval_batches``.
+    Config keys used: ``model_factory`` (optional, an import path
+    ``"package.module:function"``; default ``DEFAULT_MODEL_FACTORY``), ``model`` (what
+    the factory reads; for the default, the fields of ``lhc.lm.LMConfig``), ``data``
+    (``name`` and the generator's keyword arguments), ``batch_size``, ``seed``,
+    ``eval_batches``.
+
+    The task uses the model only through the causal-LM protocol (``init`` and
+    ``apply`` with ``tokens, positions``), never through its internals.
     """
 
+    def _model_factory_path(self) -> str:
+        return self.config.get("model_factory", DEFAULT_MODEL_FACTORY)
+
     def make_model(self):
-        return lm.Transformer(lm_config_from(self.config.model))
+        path = self._model_factory_path()
+        factory = import_path(path, "config.model_factory")
+        if not callable(factory):
+            raise ValueError(
+                f"config.model_factory: {path!r} must name a function "
+                f"model_config -> flax.linen.Module, got a {type(factory).__name__}"
+            )
+        model = factory(self.config.model)
+        if not isinstance(model, nn.Module):
+            got = f"the class {model.__name__}" if isinstance(model, type) else type(model).__name__
+            raise ValueError(
+                f"config.model_factory: {path!r} must return a flax.linen.Module instance, "
+                f"got {got}"
+            )
+        return model
 
     def _generator_kwargs(self) -> dict:
         kwargs = dict(self.config.data)
@@ -88,7 +135,9 @@ class CausalLMTask(Task):
         spec = self.batch_spec(1)["tokens"]
         tokens = jnp.zeros(spec.shape, jnp.int32)
         positions = jnp.broadcast_to(jnp.arange(spec.shape[1], dtype=jnp.int32), spec.shape)
-        return self.model.init(rng, tokens, positions)["params"]
+        output, variables = self.model.init_with_output(rng, tokens, positions)
+        _check_protocol_output(output, tokens.shape, self._model_factory_path())
+        return variables["params"]
 
     def train_iterator(self, process_index, process_count):
         return self._iterator(int(self.config.seed), process_index, process_count)
@@ -126,6 +175,27 @@ class CausalLMTask(Task):
         if chance is not None:
             metrics["eval/chance_loss"] = chance
         return metrics
+
+
+def _check_protocol_output(output, tokens_shape, path: str) -> None:
+    """Raises ValueError unless ``output`` is ``(logits[B, T, V], cache)``."""
+    if not (isinstance(output, tuple) and len(output) == 2):
+        raise ValueError(
+            f"config.model_factory: the model of {path!r} must return (logits, cache) "
+            f"from apply(params, tokens, positions), got {type(output).__name__}"
+        )
+    logits = output[0]
+    shape, dtype = getattr(logits, "shape", None), getattr(logits, "dtype", None)
+    if (
+        shape is None
+        or len(shape) != 3
+        or tuple(shape[:2]) != tuple(tokens_shape)
+        or not jnp.issubdtype(dtype, jnp.floating)
+    ):
+        raise ValueError(
+            f"config.model_factory: the model of {path!r} must return float logits "
+            f"[B, T, V] with [B, T] = {tuple(tokens_shape)}, got shape {shape} of {dtype}"
+        )
 
 
 def chance_loss(data_config) -> float | None:

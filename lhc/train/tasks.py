@@ -1,14 +1,17 @@
 """The task interface and registry used by ``train_and_evaluate``.
 
 A task supplies the model, its parameter initialisation, a checkpointable data
-iterator of process-local batches, the loss and the evaluation. Method packages
-define their tasks and name them in ``_BUILTIN_TASKS`` (imported lazily, so
-``lhc.train`` never imports a method package it does not run).
+iterator of process-local batches, the loss and the evaluation. ``config.task`` names
+it either by a registered name (the shared tasks of ``lhc.train``, or any class
+decorated with ``@register_task`` whose module is already imported) or by an import
+path ``"package.module:Class"``, so a method package adds a task without editing
+``lhc.train``, and ``lhc.train`` imports only the method package it runs.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 import flax.linen as nn
@@ -18,10 +21,12 @@ from jax.sharding import Mesh
 
 from lhc.data.iterators import DataIterator
 
+# Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
-    "tabicl_pretrain": "lhc.tabicl.pretrain:PretrainTask",
 }
+_DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_IMPORT_PATH = re.compile(rf"({_DOTTED_NAME}):({_DOTTED_NAME})")
 _REGISTRY: dict[str, type[Task]] = {}
 
 
@@ -75,12 +80,88 @@ def register_task(name: str):
     return decorator
 
 
+def import_path(path: str, what: str) -> Any:
+    """The object that an import path ``"package.module:name"`` points to.
+
+    The module is imported; ``name`` may be dotted (``"module:Outer.inner"``).
+
+    Args:
+      path: the import path.
+      what: the config key the path comes from (e.g. ``"config.model_factory"``); every
+        error message starts with it.
+
+    Returns:
+      The object.
+
+    Raises:
+      ValueError: when ``path`` is not of the form ``"package.module:name"``, the module
+        does not exist or fails to import for a missing dependency, or the module has
+        no such attribute.
+    """
+    match = _IMPORT_PATH.fullmatch(path) if isinstance(path, str) else None
+    if match is None:
+        raise ValueError(f"{what}: expected an import path 'package.module:name', got {path!r}")
+    module_name, attribute = match.groups()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (module_name + ".").startswith(error.name + "."):
+            raise ValueError(
+                f"{what}: no module {module_name!r} (from {path!r}); expected an "
+                f"importable 'package.module:name'"
+            ) from error
+        raise ValueError(
+            f"{what}: module {module_name!r} (from {path!r}) failed to import: {error}"
+        ) from error
+    value = module
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            raise ValueError(
+                f"{what}: module {module_name!r} has no attribute {attribute!r} (from {path!r})"
+            )
+        value = getattr(value, part)
+    return value
+
+
 def get_task(name: str) -> type[Task]:
-    """The task class registered as ``name`` (importing its module if needed)."""
+    """The task class that ``config.task`` names.
+
+    Args:
+      name: a registered task name (``"causal_lm"``, or a name given to
+        ``@register_task`` in a module already imported) or an import path
+        ``"package.module:Class"`` of a ``Task`` subclass.
+
+    Returns:
+      The ``Task`` subclass.
+
+    Raises:
+      ValueError: for an unknown name, a malformed path, a missing module or
+        attribute, or an object that is not a ``Task`` subclass.
+    """
+    if not isinstance(name, str):
+        raise ValueError(
+            f"config.task: expected a task name or 'package.module:Class', "
+            f"got {type(name).__name__} {name!r}"
+        )
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name in _BUILTIN_TASKS:
-        module_name, class_name = _BUILTIN_TASKS[name].split(":")
-        return getattr(importlib.import_module(module_name), class_name)
-    known = sorted(set(_REGISTRY) | set(_BUILTIN_TASKS))
-    raise ValueError(f"config.task: unknown task {name!r}; known tasks: {known}")
+        path = _BUILTIN_TASKS[name]
+    elif ":" in name:
+        path = name
+    else:
+        known = sorted(set(_REGISTRY) | set(_BUILTIN_TASKS))
+        raise ValueError(
+            f"config.task: unknown task {name!r}; expected one of the known tasks {known} "
+            f"or an import path 'package.module:Class' of a lhc.train.Task subclass"
+        )
+    task = import_path(path, "config.task")
+    if task is Task or not (isinstance(task, type) and issubclass(task, Task)):
+        if task is Task:
+            got = "lhc.train.Task itself"
+        elif isinstance(task, type):
+            got = f"the class {task.__name__}"
+        else:
+            got = f"an object of type {type(task).__name__}"
+        raise ValueError(f"config.task: {path!r} must name a subclass of lhc.train.Task, got {got}")
+    return task
