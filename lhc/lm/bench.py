@@ -208,6 +208,7 @@ def compare_with_transformers(
     new_tokens: int,
     repeats: int,
     seed: int = 0,
+    bandwidth_bytes: int = 2**30,
 ) -> dict[str, Any]:
     """Greedy decoding of lhc and of ``transformers.generate`` on the same checkpoint.
 
@@ -232,7 +233,7 @@ def compare_with_transformers(
             directory, dtype=torch.float32
         ).eval()
     model = Transformer(config)
-    bandwidth = memory_bandwidth()
+    bandwidth = memory_bandwidth(bandwidth_bytes)
     rows = []
     for batch_size in batch_sizes:
         prompt = np.random.default_rng(seed + batch_size).integers(
@@ -409,6 +410,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-sizes", default="1,8", help="for --against")
     parser.add_argument("--new-tokens", type=int, default=64, help="for --against")
     parser.add_argument(
+        "--bandwidth-mib", type=int, default=1024, help="array size of the bandwidth read"
+    )
+    parser.add_argument(
         "--prefill-len", type=int, default=0,
         help="measure the peak memory of prefilling a prompt this long (0: skip)",
     )  # fmt: skip
@@ -461,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error("--batch-sizes must be >= 1 and --new-tokens >= 2")
         comparison = compare_with_transformers(
             args.against_config, _config(args.against_config), batch_sizes, args.prompt_len,
-            args.new_tokens, args.repeats,
+            args.new_tokens, args.repeats, bandwidth_bytes=args.bandwidth_mib * 2**20,
         )  # fmt: skip
         result["against_transformers"] = comparison
         print()

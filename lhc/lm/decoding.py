@@ -328,9 +328,7 @@ def decode_step(model, params, tokens, positions, cache):
 
 def _record(state: DecodeState, logits, rng, sampling, stop_ids, pad_id, max_new_tokens):
     """Samples from ``logits [B, V]`` for the active sequences and writes column ``step``."""
-    token, sampling_log_prob = sample_tokens(
-        jax.random.fold_in(rng, state.step), logits, sampling
-    )
+    token, sampling_log_prob = sample_tokens(jax.random.fold_in(rng, state.step), logits, sampling)
     log_prob = jnp.take_along_axis(
         jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), token[:, None], -1
     )[:, 0]

@@ -396,6 +396,7 @@ def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any
         if name not in params:
             raise ValueError(f"params have no {name!r} (expected {num_layers} layers)")
         per_layer.append(params.pop(name))
+
     # numpy leaves (a checkpoint read from disk) are stacked on the host: an 8B model's
     # layers would need about 14 GiB on one device otherwise.
     def stack(*leaves):

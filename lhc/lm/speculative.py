@@ -449,6 +449,10 @@ def speculative_generate(
         verifier if verifier is not None else SpeculativeSampling(),
         max_new_tokens=int(max_new_tokens),
         num_draft=int(num_draft),
+        # Static: the loop compiles only the processing it uses (greedy needs no sorts).
+        sampling=SamplingParams(
+            float(sampling.temperature), int(sampling.top_k), float(sampling.top_p)
+        ),
         cache_len=int(cache_len),
         draft_cache_len=int(draft_cache_len),
         prefill_chunk=int(prefill_chunk),
@@ -457,7 +461,7 @@ def speculative_generate(
     with mesh_context(mesh):
         return run(
             target_params, draft_params, jnp.asarray(tokens), jnp.asarray(lengths),
-            jnp.asarray(draft_tokens), jnp.asarray(draft_lengths), rng, sampling.as_arrays(),
+            jnp.asarray(draft_tokens), jnp.asarray(draft_lengths), rng,
             jnp.asarray(stop_token_array(stop_tokens)), jnp.int32(pad_id),
         )  # fmt: skip
 
@@ -466,13 +470,14 @@ def speculative_generate(
     jax.jit,
     static_argnums=(0, 1, 2),
     static_argnames=(
-        "max_new_tokens", "num_draft", "cache_len", "draft_cache_len", "prefill_chunk", "rules",
+        "max_new_tokens", "num_draft", "sampling", "cache_len", "draft_cache_len",
+        "prefill_chunk", "rules",
     ),
 )  # fmt: skip
 def _speculative_jit(
     target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
-    draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, *, max_new_tokens,
-    num_draft, cache_len, draft_cache_len, prefill_chunk, rules,
+    draft_tokens, draft_lengths, rng, stop_ids, pad_id, *, max_new_tokens, num_draft,
+    sampling, cache_len, draft_cache_len, prefill_chunk, rules,
 ):  # fmt: skip
     with rules_context(rules):
         return _speculative_loop(

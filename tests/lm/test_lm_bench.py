@@ -59,7 +59,7 @@ def test_bench_against_transformers_structure_and_agreement(capsys):
         [
             "--configs", "", "--real-config", "", "--against", "transformers",
             "--against-config", "tiny", "--batch-sizes", "1,2", "--new-tokens", "6",
-            "--prompt-len", "8", "--repeats", "1",
+            "--prompt-len", "8", "--repeats", "1", "--bandwidth-mib", "64",
         ]
     )  # fmt: skip
     comparison = result["against_transformers"]

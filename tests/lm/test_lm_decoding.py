@@ -55,9 +55,9 @@ def test_chunked_prefill_and_decode_step_equal_generate():
     model = lm.Transformer(CONFIG)
     steps = 8
     want = _greedy_by_recomputation(params, PROMPTS, steps)
-    for chunk in (2, 5, 512):
-        out = lm.generate(model, params, PROMPTS, max_new_tokens=steps, prefill_chunk=chunk)
-        np.testing.assert_array_equal(out.tokens, want)
+    # Chunks of 3: a first chunk of width % 3 columns, then a scan over the rest.
+    out = lm.generate(model, params, PROMPTS, max_new_tokens=steps, prefill_chunk=3)
+    np.testing.assert_array_equal(out.tokens, want)
     # By hand: prefill, then decode_step at explicit positions.
     tokens, lengths = lm.left_pad(PROMPTS)
     positions = lm.left_padded_positions(jnp.asarray(lengths), tokens.shape[1])
