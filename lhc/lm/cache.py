@@ -59,9 +59,13 @@ from jax.sharding import PartitionSpec
 
 from lhc.nn.attention import KVView, write_slots
 
-# Keys and values are stored heads-major, [L, B, K, S, H]: a layer's keys for one head
-# are contiguous over slots, which is the operand layout of the attention matmuls.
+# Keys and values are stored heads-major, [B, K, S, H] per layer: a layer's keys for one
+# head are contiguous over slots, the operand layout of the attention matmuls. A model
+# that scans over stacked layers keeps one [L, B, K, S, H] array; a model that loops
+# over layers keeps a tuple of L arrays, so that attention reads a layer's buffer
+# itself (slicing a stacked array copies the layer on CPU).
 CACHE_KV_AXES = (None, "cache_batch", "cache_kv_heads", "cache_len", "cache_kv")
+CACHE_LAYER_KV_AXES = CACHE_KV_AXES[1:]
 CACHE_POSITION_AXES = ("cache_batch", "cache_len")
 
 
@@ -154,17 +158,46 @@ class _KVWriter:
         return view, (stored_keys, stored_values)
 
 
-def _put(store: jax.Array, layer, slots: jax.Array, update: jax.Array) -> jax.Array:
-    """Writes ``update`` ``[B, T, K, H]`` into ``store`` ``[L, B, K, S, H]`` at
-    ``[layer, b, :, slots[b, t], :]``, in place. Slots past the end are dropped (the model
-    then gives NaN logits for that sequence, see ``Cache.can_append``)."""
+def _put(store, layer, slots: jax.Array, update: jax.Array):
+    """Writes ``update`` ``[B, T, K, H]`` into layer ``layer`` of ``store`` at
+    ``[b, :, slots[b, t], :]``, in place. Slots past the end are dropped (the model then
+    gives NaN logits for that sequence, see ``Cache.can_append``)."""
     rows = jnp.arange(update.shape[0])[:, None]
+    if isinstance(store, tuple):
+        layer_store = store[layer]
+        written = layer_store.at[rows, :, slots].set(update.astype(layer_store.dtype), mode="drop")
+        return store[:layer] + (written,) + store[layer + 1 :]
     return store.at[layer, rows, :, slots].set(update.astype(store.dtype), mode="drop")
 
 
-def _layer_view(store: jax.Array, layer) -> jax.Array:
-    """Layer ``layer`` of ``store`` ``[L, B, K, S, H]`` as ``[B, S, K, H]``."""
+def _layer_view(store, layer) -> jax.Array:
+    """Layer ``layer`` of ``store`` as ``[B, S, K, H]``."""
     return jnp.swapaxes(store[layer], 1, 2)
+
+
+def _store_shape(store) -> tuple[int, int, int, int, int]:
+    """``(L, B, K, S, H)`` of a stacked array or a tuple of per-layer arrays."""
+    if isinstance(store, tuple):
+        return (len(store), *store[0].shape)
+    return tuple(store.shape)
+
+
+def _new_store(config, batch_size: int, slots: int):
+    shape = (batch_size, config.num_kv_heads, slots, config.head_dim)
+    dtype = jnp.dtype(config.dtype)
+    if getattr(config, "scan_layers", False):
+        return jnp.zeros((config.num_layers, *shape), dtype)
+    return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+
+
+def _view_dtype(store):
+    return (store[0] if isinstance(store, tuple) else store).dtype
+
+
+def _store_axes(store):
+    if isinstance(store, tuple):
+        return tuple(PartitionSpec(*CACHE_LAYER_KV_AXES) for _ in store)
+    return PartitionSpec(*CACHE_KV_AXES)
 
 
 def _append_slots(start: jax.Array, num_tokens: int) -> jax.Array:
@@ -177,7 +210,8 @@ class KVCache:
 
     Layout (L layers, B sequences, S slots, K key/value heads, H head dim):
 
-    * ``keys``, ``values``: ``[L, B, K, S, H]`` in the compute dtype;
+    * ``keys``, ``values``: ``[L, B, K, S, H]`` in the compute dtype, or (for models
+      that loop over layers) a tuple of L arrays ``[B, K, S, H]``;
     * ``positions``: int32 ``[B, S]``, the position of the token in each slot, shared by
       all layers; -1 marks an empty slot or a padding token;
     * ``lengths``: int32 ``[B]``, how many slots each sequence has used.
@@ -186,28 +220,34 @@ class KVCache:
     whatever their positions, so padding tokens take slots but are never attended to.
     """
 
-    keys: jax.Array
-    values: jax.Array
+    keys: Any
+    values: Any
     positions: jax.Array
     lengths: jax.Array
 
     @property
     def num_layers(self) -> int:
-        return self.keys.shape[0]
+        return _store_shape(self.keys)[0]
 
     @property
     def batch_size(self) -> int:
-        return self.keys.shape[1]
+        return _store_shape(self.keys)[1]
 
     @property
     def capacity(self) -> int:
         """S, the number of slots per sequence."""
-        return self.keys.shape[3]
+        return _store_shape(self.keys)[3]
 
     @property
     def head_shape(self) -> tuple[int, int]:
         """``(K, H)``: key/value heads and head dim."""
-        return self.keys.shape[2], self.keys.shape[4]
+        shape = _store_shape(self.keys)
+        return shape[2], shape[4]
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(L, B, K, S, H)``, whichever way the layers are stored."""
+        return _store_shape(self.keys)
 
     def truncate(self, new_lengths: jax.Array | int) -> KVCache:
         """Forgets every slot at or beyond ``new_lengths``.
@@ -273,13 +313,11 @@ class KVCache:
             lengths=self.lengths + writer.slots.shape[1],
         )
 
-    @staticmethod
-    def logical_axes() -> KVCache:
+    def logical_axes(self) -> KVCache:
         """The cache's logical axis names, as ``PartitionSpec`` leaves."""
-        kv = PartitionSpec(*CACHE_KV_AXES)
         return KVCache(
-            keys=kv,
-            values=kv,
+            keys=_store_axes(self.keys),
+            values=_store_axes(self.values),
             positions=PartitionSpec(*CACHE_POSITION_AXES),
             lengths=PartitionSpec("cache_batch"),
         )
@@ -303,11 +341,9 @@ def init_cache(config, batch_size: int, max_len: int) -> KVCache:
         raise ValueError(
             f"init_cache: max_len must be in [1, config.max_len={config.max_len}], got {max_len}"
         )
-    shape = (config.num_layers, batch_size, config.num_kv_heads, max_len, config.head_dim)
-    dtype = jnp.dtype(config.dtype)
     return KVCache(
-        keys=jnp.zeros(shape, dtype),
-        values=jnp.zeros(shape, dtype),
+        keys=_new_store(config, batch_size, max_len),
+        values=_new_store(config, batch_size, max_len),
         positions=jnp.full((batch_size, max_len), -1, jnp.int32),
         lengths=jnp.zeros((batch_size,), jnp.int32),
     )
@@ -344,10 +380,11 @@ class _RingWriter:
             view_values = _layer_view(stored_values, layer)
         else:
             view_keys = jnp.concatenate(
-                [_layer_view(stored_keys, layer), keys.astype(stored_keys.dtype)], axis=1
+                [_layer_view(stored_keys, layer), keys.astype(_view_dtype(stored_keys))], axis=1
             )
             view_values = jnp.concatenate(
-                [_layer_view(stored_values, layer), values.astype(stored_values.dtype)], axis=1
+                [_layer_view(stored_values, layer), values.astype(_view_dtype(stored_values))],
+                axis=1,
             )
             stored_keys = _put(stored_keys, layer, self.slots, keys[:, -kept:])
             stored_values = _put(stored_values, layer, self.slots, values[:, -kept:])
@@ -371,15 +408,15 @@ class SlidingWindowKVCache:
     logits, and with concrete values the model raises).
 
     Attributes:
-        keys, values: ``[L, B, K, S, H]``.
+        keys, values: ``[L, B, K, S, H]``, or a tuple of L arrays ``[B, K, S, H]``.
         positions: int32 ``[B, S]``, the position in each slot (-1: empty or padding).
         lengths: int32 ``[B]``, tokens appended so far.
         complete: bool ``[B]``, whether the ring holds every key the next query needs.
         window: W, the attention window it serves (static).
     """
 
-    keys: jax.Array
-    values: jax.Array
+    keys: Any
+    values: Any
     positions: jax.Array
     lengths: jax.Array
     complete: jax.Array
@@ -387,12 +424,12 @@ class SlidingWindowKVCache:
 
     @property
     def num_layers(self) -> int:
-        return self.keys.shape[0]
+        return _store_shape(self.keys)[0]
 
     @property
     def slots(self) -> int:
         """S, the ring size."""
-        return self.keys.shape[3]
+        return _store_shape(self.keys)[3]
 
     @property
     def capacity(self) -> None:
@@ -401,7 +438,13 @@ class SlidingWindowKVCache:
 
     @property
     def head_shape(self) -> tuple[int, int]:
-        return self.keys.shape[2], self.keys.shape[4]
+        shape = _store_shape(self.keys)
+        return shape[2], shape[4]
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(L, B, K, S, H)``."""
+        return _store_shape(self.keys)
 
     def _slot_order(self, lengths: jax.Array) -> jax.Array:
         """int32 ``[B, S]``: the append index of the token in each slot (-1: none yet)."""
@@ -480,10 +523,9 @@ class SlidingWindowKVCache:
         )
 
     def logical_axes(self) -> SlidingWindowKVCache:
-        kv = PartitionSpec(*CACHE_KV_AXES)
         return self.replace(
-            keys=kv,
-            values=kv,
+            keys=_store_axes(self.keys),
+            values=_store_axes(self.values),
             positions=PartitionSpec(*CACHE_POSITION_AXES),
             lengths=PartitionSpec("cache_batch"),
             complete=PartitionSpec("cache_batch"),
@@ -506,11 +548,9 @@ def init_sliding_window_cache(
         raise ValueError(
             f"init_sliding_window_cache: need 0 < window <= slots, got {window=} {slots=}"
         )
-    shape = (config.num_layers, batch_size, config.num_kv_heads, slots, config.head_dim)
-    dtype = jnp.dtype(config.dtype)
     return SlidingWindowKVCache(
-        keys=jnp.zeros(shape, dtype),
-        values=jnp.zeros(shape, dtype),
+        keys=_new_store(config, batch_size, slots),
+        values=_new_store(config, batch_size, slots),
         positions=jnp.full((batch_size, slots), -1, jnp.int32),
         lengths=jnp.zeros((batch_size,), jnp.int32),
         complete=jnp.ones((batch_size,), bool),

@@ -180,7 +180,7 @@ def _check_cache(config: LMConfig, cache, batch_size: int, length: int) -> None:
         if cache.num_layers != config.num_layers or cache.head_shape != expected:
             raise ValueError(
                 f"cache keys/values must be [L, B, K, S, H] with L={config.num_layers}, "
-                f"(K, H)={expected}; got {cache.keys.shape}"
+                f"(K, H)={expected}; got {cache.shape}"
             )
     if isinstance(cache, SlidingWindowKVCache):
         if config.sliding_window is None or config.full_attention_layers:

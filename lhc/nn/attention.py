@@ -73,31 +73,40 @@ def attention_mask(
 
 
 def _xla_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    # Heads-major throughout ([B, K, ., .]), the operand and result layouts of XLA's
+    # batched matmuls, so that no cached key or value is transposed: the query groups
+    # and positions of one key/value head form the rows Q = G * T of one matmul.
     batch, length, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads
-    grouped_query = query.reshape(batch, length, num_kv_heads, group, head_dim)
-    logits = jnp.einsum("BTKGH,BSKH->BKGTS", grouped_query, key, preferred_element_type=jnp.float32)
-    logits = logits * jnp.float32(scale)
+    rows = jnp.transpose(
+        query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
+    )
+    rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
+    keys = jnp.swapaxes(key, 1, 2)  # [B, K, S, H]
+    logits = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
     mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
     # A finite fill keeps fully masked rows (padding queries) free of NaN; their
     # probabilities are zeroed below.
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1)
     probs = jnp.where(mask.any(axis=-1, keepdims=True), probs, 0.0)
-    out = weighted_values(probs, value)
+    out = weighted_values(probs.reshape(batch, num_kv_heads, group * length, -1), value)
+    out = jnp.transpose(out.reshape(batch, num_kv_heads, group, length, head_dim), (0, 3, 1, 2, 4))
     return out.reshape(batch, length, num_heads, head_dim).astype(value.dtype)
 
 
 def weighted_values(probs: jax.Array, value: jax.Array) -> jax.Array:
-    """float32 ``[B, T, K, G, H]``: ``probs [B, K, G, T, S]`` times ``value [B, S, K, H]``.
+    """float32 ``[B, K, Q, H]``: ``probs [B, K, Q, S]`` times ``value [B, S, K, H]``.
 
     The products accumulate in float32 whatever the value dtype. XLA's CPU runtime has
     no bfloat16 x bfloat16 -> float32 matmul, so there both operands are widened (XLA
     CPU widens bfloat16 matmuls to float32 anyway); TPU and GPU multiply in the value
     dtype with a float32 accumulator.
     """
-    equation = "BKGTS,BSKH->BTKGH"
+    equation = "BKQS,BKSH->BKQH"
+    value = jnp.swapaxes(value, 1, 2)  # [B, K, S, H], the cache's own layout
 
     def native(probs, value):
         return jnp.einsum(
@@ -389,12 +398,14 @@ class Attention(nn.Module):
         attended = view.attend(
             query, positions, impl=self.attention_impl, window=self.window, dtype=self.dtype
         )
+        batch, length = attended.shape[:2]
         out = Einsum(
             shape=(num_heads, head_dim, embed_dim),
             logical_axes=("heads", "kv", "embed"),
             in_dims=2,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            equation_shape=(num_heads * head_dim, embed_dim),
             name="out",
-        )("BTNH,NHD->BTD", attended)
+        )("BTX,XD->BTD", attended.reshape(batch, length, num_heads * head_dim))
         return checkpoint_name(out, remat.ATTENTION_OUT), cache

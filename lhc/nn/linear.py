@@ -43,6 +43,10 @@ class Einsum(nn.Module):
         param_dtype: storage dtype of the weight and bias.
         kernel_init: weight initializer; fan-in scaled normal by default.
         bias_init: bias initializer.
+        equation_shape: the weight's shape as the equation sees it, a reshape of
+            ``shape`` (e.g. ``(N * H, D)`` for ``(N, H, D)``). Contracting one merged
+            axis instead of two keeps XLA from transposing the weight to match the
+            input's layout (it would otherwise copy the whole weight on every call).
     """
 
     shape: Sequence[int]
@@ -54,6 +58,7 @@ class Einsum(nn.Module):
     param_dtype: DTypeLike = jnp.float32
     kernel_init: nn.initializers.Initializer | None = None
     bias_init: nn.initializers.Initializer = nn.initializers.zeros
+    equation_shape: Sequence[int] | None = None
 
     @nn.compact
     def __call__(self, equation: str, x: jax.Array) -> jax.Array:
@@ -78,11 +83,11 @@ class Einsum(nn.Module):
             shape,
             self.param_dtype,
         )
+        kernel = kernel.astype(self.dtype)
+        if self.equation_shape is not None:
+            kernel = kernel.reshape(tuple(self.equation_shape))
         y = jnp.einsum(
-            equation,
-            x.astype(self.dtype),
-            kernel.astype(self.dtype),
-            preferred_element_type=self.out_dtype,
+            equation, x.astype(self.dtype), kernel, preferred_element_type=self.out_dtype
         )
         if self.use_bias:
             bias = self.param(

@@ -222,7 +222,10 @@ def test_decode_loop_updates_the_cache_in_place(scan_layers):
     computations = _computations(lowered.compile().as_text())
     loops = _inside_loops(computations)
     assert loops, "no while loop in the compiled program"
-    dims = (config.num_layers, batch, config.num_kv_heads, cache_len, config.head_dim)
+    # The cache: one stacked array (scan), or one array per layer (loop).
+    dims = (batch, config.num_kv_heads, cache_len, config.head_dim)
+    if scan_layers:
+        dims = (config.num_layers, *dims)
     cache_shape = f"f32[{','.join(map(str, dims))}]"
     copies = [
         line.strip()[:160]

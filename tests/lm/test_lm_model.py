@@ -241,9 +241,9 @@ def test_bfloat16_compute_close_to_float32():
     assert logits16.dtype == jnp.float32
     assert float(jnp.abs(logits16 - logits32).max()) < 0.1 * float(jnp.abs(logits32).max())
     cache = lm.init_cache(config16, 2, 24)
-    assert cache.keys.dtype == jnp.bfloat16
+    assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves(cache.keys))
     _, cache = _forward(config16, params16, tokens, positions, cache)
-    assert np.isfinite(np.asarray(cache.keys, np.float32)).all()
+    assert all(np.isfinite(np.asarray(k, np.float32)).all() for k in jax.tree.leaves(cache.keys))
 
 
 def test_input_validation_errors():
@@ -334,12 +334,23 @@ def test_released_model_sizes():
 def test_init_cache_on_unbound_module_and_logical_axes():
     config = CONFIGS["gqa"]
     cache = lm.Transformer(config).init_cache(3, 10)
-    assert cache.keys.shape == (2, 3, 2, 10, 8)  # [L, B, K, S, H]
+    assert cache.shape == (2, 3, 2, 10, 8)  # [L, B, K, S, H]
+    # A model that loops over layers keeps one buffer per layer, a scanned one stacks.
+    assert isinstance(cache.keys, tuple) and cache.keys[0].shape == (3, 2, 10, 8)
+    stacked = lm.Transformer(config.replace(scan_layers=True)).init_cache(3, 10)
+    assert stacked.keys.shape == (2, 3, 2, 10, 8)
     assert cache.capacity == 10 and cache.batch_size == 3 and cache.num_layers == 2
     np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
     assert (np.asarray(cache.positions) == -1).all()
-    axes = lm.KVCache.logical_axes()
+    axes = stacked.logical_axes()
     assert tuple(axes.keys) == (None, "cache_batch", "cache_kv_heads", "cache_len", "cache_kv")
-    assert jax.tree.structure(
-        axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
-    ) == jax.tree.structure(jax.tree.map(lambda x: 0, cache))
+    assert tuple(cache.logical_axes().keys[1]) == (
+        "cache_batch",
+        "cache_kv_heads",
+        "cache_len",
+        "cache_kv",
+    )
+    for c in (cache, stacked):
+        assert jax.tree.structure(
+            c.logical_axes(), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+        ) == jax.tree.structure(jax.tree.map(lambda x: 0, c))

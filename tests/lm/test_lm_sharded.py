@@ -23,6 +23,9 @@ _SCRIPT = textwrap.dedent(
     from lhc.parallel.mesh import LOGICAL_AXIS_RULES, make_mesh, sharded_init
 
     assert jax.device_count() == 8
+    # Caches of models that loop over layers keep a tuple of per-layer arrays.
+    first_layer = lambda cache: cache.keys[0] if isinstance(cache.keys, tuple) else cache.keys
+    layers_of = lambda cache: cache.shape[0]
     mesh = make_mesh((2, 1, 4))  # data=2, fsdp=1, tensor=4
     results = {}
     for scan_layers in (False, True):
@@ -53,8 +56,9 @@ _SCRIPT = textwrap.dedent(
             )
             results["long_context"] = dict(
                 tokens_equal=bool((np.asarray(long.tokens) == np.asarray(single.tokens)).all()),
-                cache_shape=list(long.cache.keys.shape),
-                cache_shard_shape=list(long.cache.keys.addressable_shards[0].data.shape),
+                cache_shape=list(long.cache.shape),
+                cache_shard_shape=[layers_of(long.cache)]
+                + list(long.cache.keys[0].addressable_shards[0].data.shape),
             )
         sampled_equal = speculative_equal = True
         if scan_layers:  # speculative decoding with a perturbed draft, sharded alike
@@ -98,9 +102,10 @@ _SCRIPT = textwrap.dedent(
             distinct_tokens=int(len(np.unique(np.asarray(single.tokens)))),
             query_spec=str(layer["attention"]["query"]["kernel"].sharding.spec),
             query_shard_shape=list(layer["attention"]["query"]["kernel"].addressable_shards[0].data.shape),
-            cache_spec=str(out.cache.keys.sharding.spec),
-            cache_shard_shape=list(out.cache.keys.addressable_shards[0].data.shape),
-            cache_shape=list(out.cache.keys.shape),
+            cache_spec=str(first_layer(out.cache).sharding.spec),
+            cache_shard_shape=[layers_of(out.cache)]
+            + list(first_layer(out.cache).addressable_shards[0].data.shape)[-4:],
+            cache_shape=list(out.cache.shape),
             init_mlp_spec=str((initialised["layers"] if scan_layers else initialised["layers_0"])["mlp"]["gate"]["kernel"].sharding.spec),
         )
     print("RESULT " + json.dumps(results))
