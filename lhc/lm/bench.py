@@ -209,15 +209,20 @@ def compare_with_transformers(
     repeats: int,
     seed: int = 0,
     bandwidth_bytes: int = 2**30,
+    kernel_layouts: tuple[str, ...] = ("in_out", "out_in"),
 ) -> dict[str, Any]:
     """Greedy decoding of lhc and of ``transformers.generate`` on the same checkpoint.
 
-    Both read one safetensors checkpoint of random weights; both generate ``new_tokens``
-    after a random ``prompt_len`` prompt, timed end to end (prefill included) as the best
-    of ``repeats`` runs after a warm-up. The decode steps alone are timed too (``generate``
-    of ``new_tokens`` minus ``generate`` of one token, per step); at batch 1 lhc's step is
-    set against the bytes it must read (every weight and the cached keys and values) and
-    the measured bandwidth.
+    Both read one safetensors checkpoint of random weights (lhc in each of
+    ``kernel_layouts``: ``out_in`` keeps the checkpoint's own ``[out, in]`` weights); all
+    generate ``new_tokens`` after a random ``prompt_len`` prompt, timed end to end
+    (prefill included) as the best of ``repeats`` interleaved runs after a warm-up. The
+    decode steps alone are timed too (``generate`` of ``new_tokens`` minus ``generate``
+    of one token, per step); at batch 1 lhc's step is set against the bytes it must read
+    (every weight and the cached keys and values) and the measured bandwidth.
+
+    Returns:
+        A dict with one row per batch size and lhc kernel layout.
     """
     import torch
     import transformers
@@ -226,13 +231,15 @@ def compare_with_transformers(
     # The model's own initialisation (unit norms, fan-in scaled weights): logits with a
     # clear argmax, so that both decodings can agree token for token.
     params = jax.device_get(init_params(config, jax.random.key(seed)))
+    models = {}
     with tempfile.TemporaryDirectory() as directory:
         hf.save(config, params, directory)
-        config, params = hf.load(directory)
+        for layout in kernel_layouts:
+            layout_config, layout_params = hf.load(directory, kernel_layout=layout)
+            models[layout] = (Transformer(layout_config), layout_params)
         torch_model = transformers.AutoModelForCausalLM.from_pretrained(
             directory, dtype=torch.float32
         ).eval()
-    model = Transformer(config)
     bandwidth = memory_bandwidth(bandwidth_bytes)
     rows = []
     for batch_size in batch_sizes:
@@ -240,10 +247,11 @@ def compare_with_transformers(
             0, config.vocab_size, (batch_size, prompt_len)
         )
 
-        def ours(steps, prompt=prompt):
-            return np.asarray(generate(model, params, prompt, max_new_tokens=steps).tokens)
+        def ours(steps, layout, prompt=prompt):
+            model, model_params = models[layout]
+            return np.asarray(generate(model, model_params, prompt, max_new_tokens=steps).tokens)
 
-        def theirs(steps, prompt=prompt):
+        def theirs(steps, layout=None, prompt=prompt):
             with torch.no_grad():
                 return torch_model.generate(
                     torch.tensor(prompt), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
@@ -251,39 +259,43 @@ def compare_with_transformers(
                     eos_token_id=None,
                 )[:, prompt_len:].numpy()  # fmt: skip
 
-        # Both implementations, full length and one token, interleaved so that a slow
-        # spell of a shared machine hits all four alike; the best of each is kept.
-        runs = {(impl, steps): [] for impl in ("lhc", "transformers") for steps in (new_tokens, 1)}
-        tokens = {"lhc": ours(new_tokens), "transformers": theirs(new_tokens)}  # and warm up
-        ours(1)
+        # Every implementation, full length and one token, interleaved so that a slow
+        # spell of a shared machine hits all alike; the best of each is kept.
+        impls = {"transformers": functools.partial(theirs, layout=None)}
+        impls.update({layout: functools.partial(ours, layout=layout) for layout in models})
+        tokens = {impl: run(new_tokens) for impl, run in impls.items()}  # and warm up
+        for run in impls.values():
+            run(1)
+        times = {(impl, steps): [] for impl in impls for steps in (new_tokens, 1)}
         for _ in range(repeats):
-            for (impl, steps), times in runs.items():
-                run = ours if impl == "lhc" else theirs
+            for (impl, steps), measured in times.items():
                 start = time.perf_counter()
-                run(steps)
-                times.append(time.perf_counter() - start)
-        best = {key: min(times) for key, times in runs.items()}
-        row = dict(batch_size=batch_size)
-        for impl in ("lhc", "transformers"):
-            total, first = best[(impl, new_tokens)], best[(impl, 1)]
+                impls[impl](steps)
+                measured.append(time.perf_counter() - start)
+        rates = {}
+        for impl in impls:
+            total, first = min(times[(impl, new_tokens)]), min(times[(impl, 1)])
             step = (total - first) / (new_tokens - 1)
-            row.update({
-                f"{impl}_s": total,
-                f"{impl}_tokens_per_s": batch_size * new_tokens / total,
-                f"{impl}_decode_step_s": step,
-                f"{impl}_decode_tokens_per_s": batch_size / step,
-            })  # fmt: skip
-        row["speedup"] = row["transformers_s"] / row["lhc_s"]
-        row["decode_speedup"] = row["transformers_decode_step_s"] / row["lhc_decode_step_s"]
-        row.update(_agreement(tokens["lhc"], tokens["transformers"]))
-        if batch_size == 1:
-            context = prompt_len + new_tokens / 2
-            step_bytes = decode_bytes_per_token(config, int(context), 1)["bytes_per_step"]
-            row.update(
-                bytes_per_step=step_bytes,
-                bandwidth_fraction=step_bytes / row["lhc_decode_step_s"] / bandwidth,
-            )
-        rows.append(row)
+            rates[impl] = dict(
+                s=total, tokens_per_s=batch_size * new_tokens / total, decode_step_s=step,
+                decode_tokens_per_s=batch_size / step,
+            )  # fmt: skip
+        theirs_rates = rates["transformers"]
+        for layout in models:
+            row = dict(batch_size=batch_size, kernel_layout=layout)
+            row.update({f"lhc_{key}": value for key, value in rates[layout].items()})
+            row.update({f"transformers_{key}": value for key, value in theirs_rates.items()})
+            row["speedup"] = row["transformers_s"] / row["lhc_s"]
+            row["decode_speedup"] = row["transformers_decode_step_s"] / row["lhc_decode_step_s"]
+            row.update(_agreement(tokens[layout], tokens["transformers"]))
+            if batch_size == 1:
+                context = prompt_len + new_tokens / 2
+                step_bytes = decode_bytes_per_token(config, int(context), 1)["bytes_per_step"]
+                row.update(
+                    bytes_per_step=step_bytes,
+                    bandwidth_fraction=step_bytes / row["lhc_decode_step_s"] / bandwidth,
+                )
+            rows.append(row)
     return dict(
         config=name, num_params=count_params(config), dtype=config.dtype, prompt_len=prompt_len,
         new_tokens=new_tokens, measured_bandwidth_gbps=bandwidth / 1e9,
@@ -343,13 +355,14 @@ def _format_comparison(result: dict[str, Any]) -> str:
         f"{result['transformers_version']}; measured bandwidth "
         f"{result['measured_bandwidth_gbps']:.2f} GB/s",
         "tok/s end to end (prefill included) and of the decode steps alone:",
-        f"{'batch':>5} {'lhc':>8} {'transformers':>13} {'ratio':>7} {'lhc decode':>11} "
-        f"{'tr. decode':>11} {'ratio':>7} {'tokens equal':>13} {'bandwidth':>10}",
+        f"{'batch':>5} {'lhc kernels':>11} {'lhc':>8} {'transformers':>13} {'ratio':>7} "
+        f"{'lhc decode':>11} {'tr. decode':>11} {'ratio':>7} {'tokens equal':>13} "
+        f"{'bandwidth':>10}",
     ]
     for row in result["rows"]:
         fraction = row.get("bandwidth_fraction")
         lines.append(
-            f"{row['batch_size']:>5} {row['lhc_tokens_per_s']:>8.1f} "
+            f"{row['batch_size']:>5} {row['kernel_layout']:>11} {row['lhc_tokens_per_s']:>8.1f} "
             f"{row['transformers_tokens_per_s']:>13.1f} {row['speedup']:>6.2f}x "
             f"{row['lhc_decode_tokens_per_s']:>11.1f} {row['transformers_decode_tokens_per_s']:>11.1f} "
             f"{row['decode_speedup']:>6.2f}x {row['tokens_equal']:>13.3f} "
@@ -421,6 +434,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     parser.add_argument("--against-config", default="lm_100m")
     parser.add_argument("--batch-sizes", default="1,8", help="for --against")
+    parser.add_argument(
+        "--kernel-layouts", default="in_out,out_in", help="lhc kernel layouts, for --against"
+    )
     parser.add_argument("--new-tokens", type=int, default=64, help="for --against")
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="array size of the bandwidth read"
@@ -479,6 +495,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         comparison = compare_with_transformers(
             args.against_config, _config(args.against_config), batch_sizes, args.prompt_len,
             args.new_tokens, args.repeats, bandwidth_bytes=args.bandwidth_mib * 2**20,
+            kernel_layouts=tuple(args.kernel_layouts.split(",")),
         )  # fmt: skip
         result["against_transformers"] = comparison
         print()

@@ -9,6 +9,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
+from lhc.nn.linear import KERNEL_LAYOUTS
 from lhc.nn.remat import REMAT_POLICIES
 from lhc.nn.rope import validate_rope_scaling
 
@@ -55,6 +56,11 @@ class LMConfig:
         full_attention_layers: layers that attend fully although ``sliding_window`` is
             set (Qwen2's ``max_window_layers``); empty means every layer slides. Not
             combinable with ``scan_layers``, whose layers share one window.
+        kernel_layout: ``"in_out"`` (weights ``[D, F]``, flax's convention; use it to
+            train) or ``"out_in"`` (``[F, D]``, the layout of Hugging Face checkpoints,
+            which loads them without a transpose and decodes small batches on CPU
+            faster; see ``lhc.nn.Einsum``). ``convert_kernel_layout`` moves parameters
+            between the two.
     """
 
     vocab_size: int
@@ -77,6 +83,7 @@ class LMConfig:
     attention_impl: str = "xla"
     sliding_window: int | None = None
     full_attention_layers: tuple[int, ...] = ()
+    kernel_layout: str = "in_out"
 
     def __post_init__(self):
         for name in (
@@ -109,6 +116,10 @@ class LMConfig:
             )
         if not isinstance(self.attention_impl, str):
             raise ValueError(f"LMConfig.attention_impl must be a str, got {self.attention_impl!r}")
+        if self.kernel_layout not in KERNEL_LAYOUTS:
+            raise ValueError(
+                f"LMConfig.kernel_layout must be one of {KERNEL_LAYOUTS}, got {self.kernel_layout!r}"
+            )
         window = self.sliding_window
         if window is not None and (
             isinstance(window, bool) or not isinstance(window, int) or window < 1

@@ -286,14 +286,41 @@ def _check_tensors(config: LMConfig, shapes: Mapping[str, tuple[int, ...]], sour
             )
 
 
+def _from_linear(weight: np.ndarray, in_shape, out_shape, layout: str) -> np.ndarray:
+    """An lhc kernel from an ``nn.Linear`` weight ``[out, in]`` (flattened axes)."""
+    if layout == "out_in":
+        return weight.reshape(*out_shape, *in_shape)  # the checkpoint's own layout
+    return np.ascontiguousarray(weight.T).reshape(*in_shape, *out_shape)
+
+
+def _to_linear(kernel: np.ndarray, num_in: int, layout: str) -> np.ndarray:
+    """The ``nn.Linear`` weight ``[out, in]`` of an lhc kernel with ``num_in`` input axes."""
+    kernel = np.asarray(kernel)
+    if layout == "out_in":
+        out_size = int(np.prod(kernel.shape[: kernel.ndim - num_in]))
+        return kernel.reshape(out_size, -1)
+    in_size = int(np.prod(kernel.shape[:num_in]))
+    return kernel.reshape(in_size, -1).T
+
+
 def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Parameters (numpy, ``scan_layers=False`` layout, ``config.param_dtype``) from HF tensors."""
+    """Parameters (numpy, ``scan_layers=False`` layout, ``config.param_dtype``) from HF tensors.
+
+    With ``config.kernel_layout == "out_in"`` the weights keep the checkpoint's
+    ``[out, in]`` layout (reshaped, not transposed).
+    """
     _check_tensors(config, {k: v.shape for k, v in tensors.items()}, "checkpoint")
     dtype = _numpy_dtype(config.param_dtype)
-    d, n, k, h = config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim
+    d, n, k, h, f = (
+        config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim, config.mlp_dim
+    )  # fmt: skip
+    layout = config.kernel_layout
 
     def get(name):
         return np.asarray(tensors[name]).astype(dtype)
+
+    def linear(name, in_shape, out_shape):
+        return _from_linear(get(name), in_shape, out_shape, layout)
 
     params: dict[str, Any] = {
         "embed": {"embedding": get("model.embed_tokens.weight")},
@@ -302,10 +329,10 @@ def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[
     for layer in range(config.num_layers):
         prefix = f"model.layers.{layer}."
         attention = {
-            "query": {"kernel": get(prefix + "self_attn.q_proj.weight").T.reshape(d, n, h)},
-            "key": {"kernel": get(prefix + "self_attn.k_proj.weight").T.reshape(d, k, h)},
-            "value": {"kernel": get(prefix + "self_attn.v_proj.weight").T.reshape(d, k, h)},
-            "out": {"kernel": get(prefix + "self_attn.o_proj.weight").T.reshape(n, h, d)},
+            "query": {"kernel": linear(prefix + "self_attn.q_proj.weight", (d,), (n, h))},
+            "key": {"kernel": linear(prefix + "self_attn.k_proj.weight", (d,), (k, h))},
+            "value": {"kernel": linear(prefix + "self_attn.v_proj.weight", (d,), (k, h))},
+            "out": {"kernel": linear(prefix + "self_attn.o_proj.weight", (n, h), (d,))},
         }
         if config.qkv_bias:
             for ours, theirs, heads in (("query", "q", n), ("key", "k", k), ("value", "v", k)):
@@ -317,22 +344,23 @@ def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[
             "attention": attention,
             "mlp_norm": {"scale": get(prefix + "post_attention_layernorm.weight")},
             "mlp": {
-                "gate": {"kernel": np.ascontiguousarray(get(prefix + "mlp.gate_proj.weight").T)},
-                "up": {"kernel": np.ascontiguousarray(get(prefix + "mlp.up_proj.weight").T)},
-                "down": {"kernel": np.ascontiguousarray(get(prefix + "mlp.down_proj.weight").T)},
+                "gate": {"kernel": linear(prefix + "mlp.gate_proj.weight", (d,), (f,))},
+                "up": {"kernel": linear(prefix + "mlp.up_proj.weight", (d,), (f,))},
+                "down": {"kernel": linear(prefix + "mlp.down_proj.weight", (f,), (d,))},
             },
         }
     if not config.tie_embeddings:
-        params["lm_head"] = {"kernel": np.ascontiguousarray(get("lm_head.weight").T)}
+        params["lm_head"] = {"kernel": linear("lm_head.weight", (d,), (config.vocab_size,))}
     return params
 
 
 def params_to_hf(config: LMConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """HF tensors (numpy, in the parameters' dtype) from parameters of either layout."""
+    """HF tensors (numpy, in the parameters' dtype) from parameters of either layer
+    layout and either kernel layout (``config.kernel_layout``)."""
     if "layers" in params:
         params = unstack_layer_params(dict(params))
     as_np = lambda x: np.asarray(x)
-    d = config.embed_dim
+    layout = config.kernel_layout
     tensors = {
         "model.embed_tokens.weight": as_np(params["embed"]["embedding"]),
         "model.norm.weight": as_np(params["final_norm"]["scale"]),
@@ -342,21 +370,24 @@ def params_to_hf(config: LMConfig, params: Mapping[str, Any]) -> dict[str, np.nd
         p = params[f"layers_{layer}"]
         attention = p["attention"]
         for ours, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
-            kernel = as_np(attention[ours]["kernel"])
-            tensors[prefix + f"self_attn.{theirs}_proj.weight"] = kernel.reshape(d, -1).T
+            tensors[prefix + f"self_attn.{theirs}_proj.weight"] = _to_linear(
+                attention[ours]["kernel"], 1, layout
+            )
             if config.qkv_bias:
                 tensors[prefix + f"self_attn.{theirs}_proj.bias"] = as_np(
                     attention[ours]["bias"]
                 ).reshape(-1)
-        tensors[prefix + "self_attn.o_proj.weight"] = (
-            as_np(attention["out"]["kernel"]).reshape(-1, d).T
+        tensors[prefix + "self_attn.o_proj.weight"] = _to_linear(
+            attention["out"]["kernel"], 2, layout
         )
         tensors[prefix + "input_layernorm.weight"] = as_np(p["attention_norm"]["scale"])
         tensors[prefix + "post_attention_layernorm.weight"] = as_np(p["mlp_norm"]["scale"])
         for name in ("gate", "up", "down"):
-            tensors[prefix + f"mlp.{name}_proj.weight"] = as_np(p["mlp"][name]["kernel"]).T
+            tensors[prefix + f"mlp.{name}_proj.weight"] = _to_linear(
+                p["mlp"][name]["kernel"], 1, layout
+            )
     if not config.tie_embeddings:
-        tensors["lm_head.weight"] = as_np(params["lm_head"]["kernel"]).T
+        tensors["lm_head.weight"] = _to_linear(params["lm_head"]["kernel"], 1, layout)
     tensors = {name: np.ascontiguousarray(t) for name, t in tensors.items()}
     _check_tensors(config, {k: v.shape for k, v in tensors.items()}, "params")
     return tensors

@@ -59,7 +59,7 @@ from lhc.lm.cache import (
 from lhc.lm.config import LMConfig
 from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.intervention import Intervention, apply_edit
-from lhc.nn.linear import Einsum, Embed
+from lhc.nn.linear import KERNEL_LAYOUTS, Einsum, Embed
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
 from lhc.nn.remat import remat_policy
@@ -126,15 +126,20 @@ class Block(nn.Module):
             window=self.window,
             dtype=dtype,
             param_dtype=param_dtype,
+            kernel_layout=cfg.kernel_layout,
             name="attention",
         )(norm(name="attention_norm")(x), positions, cache)
         edits = intervention if intervention is not None else Intervention()
         attended = apply_edit(edits.attention, attended)
         self.sow("intermediates", "attention_out", attended)
         x = nn.with_logical_constraint(x + attended, _RESIDUAL_AXES)
-        mlp_out = SwiGLU(cfg.mlp_dim, dtype=dtype, param_dtype=param_dtype, name="mlp")(
-            norm(name="mlp_norm")(x)
-        )
+        mlp_out = SwiGLU(
+            cfg.mlp_dim,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_layout=cfg.kernel_layout,
+            name="mlp",
+        )(norm(name="mlp_norm")(x))
         x = nn.with_logical_constraint(x + mlp_out, _RESIDUAL_AXES)
         x = apply_edit(edits.residual, x)
         # Residual stream after each block, for probing and task vectors:
@@ -315,7 +320,12 @@ class Transformer(nn.Module):
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
 
         embed = Embed(
-            cfg.vocab_size, cfg.embed_dim, dtype=dtype, param_dtype=param_dtype, name="embed"
+            cfg.vocab_size,
+            cfg.embed_dim,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_first_decode=cfg.kernel_layout == "out_in",
+            name="embed",
         )
         if tokens is not None:
             x = embed.encode(tokens.astype(jnp.int32))
@@ -367,6 +377,7 @@ class Transformer(nn.Module):
                 dtype=dtype,
                 out_dtype=jnp.float32,
                 param_dtype=param_dtype,
+                kernel_layout=cfg.kernel_layout,
                 name="lm_head",
             )
             logits = head("BTD,DV->BTV", x)
@@ -417,6 +428,47 @@ def unstack_layer_params(params: dict[str, Any]) -> dict[str, Any]:
     for layer in range(num_layers):
         params[f"layers_{layer}"] = jax.tree.map(lambda x, i=layer: x[i], stacked)
     return params
+
+
+# Input axes of each kernel (the rest are outputs), by the name of its module.
+_KERNEL_INPUT_AXES = {"query": 1, "key": 1, "value": 1, "out": 2, "gate": 1, "up": 1, "down": 1}
+
+
+def convert_kernel_layout(params: dict[str, Any], config: LMConfig, layout: str) -> dict[str, Any]:
+    """Parameters of a model with ``config`` in another ``kernel_layout``.
+
+    ``"in_out"`` kernels hold their input axes first, ``"out_in"`` kernels their output
+    axes first (see ``LMConfig.kernel_layout``); use the result with
+    ``config.replace(kernel_layout=layout)``. numpy leaves stay numpy (as views).
+
+    Raises:
+        ValueError: an unknown layout.
+    """
+    if layout not in KERNEL_LAYOUTS:
+        raise ValueError(f"layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
+    if layout == config.kernel_layout:
+        return params
+    stacked = 1 if "layers" in params else 0
+
+    def convert(path, leaf):
+        names = [getattr(key, "key", None) for key in path]
+        if names[-1] != "kernel":
+            return leaf
+        module = names[-2]
+        num_in = 1 if module == "lm_head" else _KERNEL_INPUT_AXES[module]
+        lead = stacked if module != "lm_head" else 0
+        rank = leaf.ndim - lead
+        axes = list(range(lead))
+        if layout == "out_in":  # inputs to the end
+            axes += [lead + i for i in range(num_in, rank)] + [lead + i for i in range(num_in)]
+        else:  # inputs back to the front
+            num_out = rank - num_in
+            axes += [lead + i for i in range(num_out, rank)] + [lead + i for i in range(num_out)]
+        return (
+            np.transpose(leaf, axes) if isinstance(leaf, np.ndarray) else jnp.transpose(leaf, axes)
+        )
+
+    return jax.tree_util.tree_map_with_path(convert, params)
 
 
 def abstract_params(config: LMConfig) -> Any:

@@ -335,6 +335,7 @@ class Attention(nn.Module):
             sees keys at positions in ``(p - W, p]``.
         dtype: compute dtype.
         param_dtype: storage dtype.
+        kernel_layout: ``"in_out"`` or ``"out_in"`` (see ``lhc.nn.Einsum``).
     """
 
     num_heads: int
@@ -347,6 +348,7 @@ class Attention(nn.Module):
     window: int | None = None
     dtype: DTypeLike = jnp.float32
     param_dtype: DTypeLike = jnp.float32
+    kernel_layout: str = "in_out"
 
     @nn.compact
     def __call__(
@@ -373,6 +375,7 @@ class Attention(nn.Module):
                 use_bias=self.qkv_bias,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
+                kernel_layout=self.kernel_layout,
                 name=name,
             )
 
@@ -406,6 +409,7 @@ class Attention(nn.Module):
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             equation_shape=(num_heads * head_dim, embed_dim),
+            kernel_layout=self.kernel_layout,
             name="out",
         )("BTX,XD->BTD", attended.reshape(batch, length, num_heads * head_dim))
         return checkpoint_name(out, remat.ATTENTION_OUT), cache

@@ -9,20 +9,55 @@ import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
 
+KERNEL_LAYOUTS = ("in_out", "out_in")
 
-def default_kernel_init(in_dims: int, rank: int) -> nn.initializers.Initializer:
-    """Fan-in scaled normal for a kernel whose first ``in_dims`` axes are inputs.
+
+def default_kernel_init(
+    in_dims: int, rank: int, layout: str = "in_out"
+) -> nn.initializers.Initializer:
+    """Fan-in scaled normal for a kernel whose first (``in_out``) or last (``out_in``)
+    ``in_dims`` axes are inputs.
 
     A plain normal rather than a truncated one: the truncated sampler's inverse error
     function costs seconds of compile time per parameter on CPU, for no measurable gain.
     """
+    inputs, outputs = tuple(range(in_dims)), tuple(range(in_dims, rank))
+    if layout == "out_in":
+        inputs, outputs = tuple(range(rank - in_dims, rank)), tuple(range(rank - in_dims))
     return nn.initializers.variance_scaling(
-        1.0,
-        "fan_in",
-        "normal",
-        in_axis=tuple(range(in_dims)),
-        out_axis=tuple(range(in_dims, rank)),
+        1.0, "fan_in", "normal", in_axis=inputs, out_axis=outputs
     )
+
+
+def _parse_equation(equation: str) -> tuple[str, str, str]:
+    try:
+        operands, output = equation.replace(" ", "").split("->")
+        lhs, kernel = operands.split(",")
+    except ValueError:
+        raise ValueError(f"equation must be 'input,kernel->output', got {equation!r}") from None
+    return lhs, kernel, output
+
+
+def kernel_first_einsum(
+    equation: str, x: jax.Array, kernel: jax.Array, *, preferred_element_type=None
+) -> jax.Array:
+    """``jnp.einsum(equation, x, kernel)`` for a kernel stored outputs-first.
+
+    ``kernel`` holds the equation's kernel axes with its output axes first (``"DF"`` is
+    stored ``[F, D]``). The matmul is written kernel-first, ``[F, D] . [M, D] -> [F, M]``,
+    and the (small) result transposed back: with the kernel's contracted axis minor and
+    the result kernel-major, XLA's CPU matmul streams the weight once for a handful of
+    rows, which at decoding batch sizes is up to several times faster than ``x @ W``.
+    """
+    lhs, kernel_spec, output = _parse_equation(equation)
+    contracted = [c for c in kernel_spec if c in lhs]
+    free = kernel_spec[len(contracted) :]
+    stored = free + "".join(contracted)
+    kernel_major = free + "".join(c for c in output if c not in free)
+    y = jnp.einsum(
+        f"{stored},{lhs}->{kernel_major}", kernel, x, preferred_element_type=preferred_element_type
+    )
+    return jnp.transpose(y, [kernel_major.index(c) for c in output])
 
 
 class Einsum(nn.Module):
@@ -47,6 +82,10 @@ class Einsum(nn.Module):
             ``shape`` (e.g. ``(N * H, D)`` for ``(N, H, D)``). Contracting one merged
             axis instead of two keeps XLA from transposing the weight to match the
             input's layout (it would otherwise copy the whole weight on every call).
+        kernel_layout: ``"in_out"`` stores the weight as ``shape`` (inputs first, flax's
+            convention); ``"out_in"`` stores the output axes first (``nn.Linear``'s
+            layout, what Hugging Face checkpoints hold) and multiplies kernel-first
+            (``kernel_first_einsum``), the faster form for small-batch decoding on CPU.
     """
 
     shape: Sequence[int]
@@ -59,6 +98,7 @@ class Einsum(nn.Module):
     kernel_init: nn.initializers.Initializer | None = None
     bias_init: nn.initializers.Initializer = nn.initializers.zeros
     equation_shape: Sequence[int] | None = None
+    kernel_layout: str = "in_out"
 
     @nn.compact
     def __call__(self, equation: str, x: jax.Array) -> jax.Array:
@@ -76,19 +116,38 @@ class Einsum(nn.Module):
             raise ValueError(f"{self.logical_axes=} must name every axis of {shape=}")
         if not 0 < self.in_dims <= len(shape):
             raise ValueError(f"{self.in_dims=} must be in [1, {len(shape)}] for {shape=}")
-        kernel_init = self.kernel_init or default_kernel_init(self.in_dims, len(shape))
+        if self.kernel_layout not in KERNEL_LAYOUTS:
+            raise ValueError(
+                f"kernel_layout must be one of {KERNEL_LAYOUTS}, got {self.kernel_layout!r}"
+            )
+        out_in = self.kernel_layout == "out_in"
+        # out_in: output axes first, in both the stored and the equation's shape.
+        first_out = lambda dims, n_in: tuple(dims[n_in:]) + tuple(dims[:n_in])
+        stored_shape = first_out(shape, self.in_dims) if out_in else shape
+        stored_axes = tuple(self.logical_axes)
+        if out_in:
+            stored_axes = first_out(stored_axes, self.in_dims)
+        kernel_init = self.kernel_init or default_kernel_init(
+            self.in_dims, len(shape), self.kernel_layout
+        )
         kernel = self.param(
             "kernel",
-            nn.with_logical_partitioning(kernel_init, tuple(self.logical_axes)),
-            shape,
+            nn.with_logical_partitioning(kernel_init, stored_axes),
+            stored_shape,
             self.param_dtype,
         )
         kernel = kernel.astype(self.dtype)
-        if self.equation_shape is not None:
-            kernel = kernel.reshape(tuple(self.equation_shape))
-        y = jnp.einsum(
-            equation, x.astype(self.dtype), kernel, preferred_element_type=self.out_dtype
-        )
+        x = x.astype(self.dtype)
+        if not out_in:
+            if self.equation_shape is not None:
+                kernel = kernel.reshape(tuple(self.equation_shape))
+            y = jnp.einsum(equation, x, kernel, preferred_element_type=self.out_dtype)
+        else:
+            if self.equation_shape is not None:
+                lhs, kernel_spec, _ = _parse_equation(equation)
+                num_in = sum(c in lhs for c in kernel_spec)
+                kernel = kernel.reshape(first_out(tuple(self.equation_shape), num_in))
+            y = kernel_first_einsum(equation, x, kernel, preferred_element_type=self.out_dtype)
         if self.use_bias:
             bias = self.param(
                 "bias",
@@ -111,6 +170,8 @@ class Embed(nn.Module):
         dtype: compute dtype of looked-up embeddings.
         param_dtype: storage dtype of the table.
         embedding_init: table initializer; std ``1/sqrt(D)`` keeps tied logits O(1).
+        kernel_first_decode: compute the tied projection table-first
+            (``kernel_first_einsum``), the faster form for small-batch decoding on CPU.
     """
 
     vocab_size: int
@@ -118,6 +179,7 @@ class Embed(nn.Module):
     dtype: DTypeLike = jnp.float32
     param_dtype: DTypeLike = jnp.float32
     embedding_init: nn.initializers.Initializer | None = None
+    kernel_first_decode: bool = False
 
     def setup(self):
         init = self.embedding_init or nn.initializers.normal(stddev=self.embed_dim**-0.5)
@@ -134,9 +196,11 @@ class Embed(nn.Module):
 
     def decode(self, x: jax.Array) -> jax.Array:
         """Tied output projection: float32 logits ``[B, T, V]`` from ``x`` ``[B, T, D]``."""
+        table = self.embedding.astype(self.dtype)
+        if self.kernel_first_decode:  # the table is [V, D]: outputs first already
+            return kernel_first_einsum(
+                "BTD,DV->BTV", x.astype(self.dtype), table, preferred_element_type=jnp.float32
+            )
         return jnp.einsum(
-            "BTD,VD->BTV",
-            x.astype(self.dtype),
-            self.embedding.astype(self.dtype),
-            preferred_element_type=jnp.float32,
+            "BTD,VD->BTV", x.astype(self.dtype), table, preferred_element_type=jnp.float32
         )

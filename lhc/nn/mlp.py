@@ -19,11 +19,13 @@ class SwiGLU(nn.Module):
         mlp_dim: F, the hidden width.
         dtype: compute dtype.
         param_dtype: storage dtype.
+        kernel_layout: ``"in_out"`` or ``"out_in"`` (see ``lhc.nn.Einsum``).
     """
 
     mlp_dim: int
     dtype: DTypeLike = jnp.float32
     param_dtype: DTypeLike = jnp.float32
+    kernel_layout: str = "in_out"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -36,6 +38,7 @@ class SwiGLU(nn.Module):
                 logical_axes=axes,
                 dtype=self.dtype,
                 param_dtype=self.param_dtype,
+                kernel_layout=self.kernel_layout,
                 name=name,
             )
 

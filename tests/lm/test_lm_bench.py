@@ -60,11 +60,13 @@ def test_bench_against_transformers_structure_and_agreement(capsys):
             "--configs", "", "--real-config", "", "--against", "transformers",
             "--against-config", "tiny", "--batch-sizes", "1,2", "--new-tokens", "6",
             "--prompt-len", "8", "--repeats", "1", "--bandwidth-mib", "64",
+            "--kernel-layouts", "out_in",
         ]
     )  # fmt: skip
     comparison = result["against_transformers"]
     assert "transformers" in capsys.readouterr().out
     assert [row["batch_size"] for row in comparison["rows"]] == [1, 2]
+    assert {row["kernel_layout"] for row in comparison["rows"]} == {"out_in"}
     for row in comparison["rows"]:
         assert row["all_equal"] and row["tokens_equal"] == 1.0 and row["equal_prefix"] == 6
         assert row["speedup"] == row["transformers_s"] / row["lhc_s"]

@@ -293,6 +293,15 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
     positions = np.broadcast_to(np.arange(48), (2, 48))
     logits, _ = jax.jit(lm.Transformer(config).apply)({"params": params}, tokens, positions)
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+    # The checkpoint's own [out, in] layout, loaded without transposes.
+    out_in_config, out_in_params = hf.load(tmp_path, kernel_layout="out_in")
+    logits, _ = jax.jit(lm.Transformer(out_in_config).apply)(
+        {"params": out_in_params}, tokens, positions
+    )
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+    hf.save(out_in_config, out_in_params, tmp_path / "out_in")
+    _, round_trip = hf.load(tmp_path / "out_in")
+    _assert_trees_equal(round_trip, params)
 
     prompts = rng.integers(0, 96, size=(2, 8))
     with torch.no_grad():

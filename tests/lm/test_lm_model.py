@@ -354,3 +354,41 @@ def test_init_cache_on_unbound_module_and_logical_axes():
         assert jax.tree.structure(
             c.logical_axes(), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
         ) == jax.tree.structure(jax.tree.map(lambda x: 0, c))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_out_in_kernel_layout_gives_the_same_model(scan_layers, numpy_lm):
+    """Kernels stored outputs-first (the layout of HF checkpoints) and multiplied
+    kernel-first compute the same logits; convert_kernel_layout moves between layouts."""
+    config = CONFIGS["mha_tied_bias"].replace(scan_layers=scan_layers, tie_embeddings=False)
+    params = _random_params(config)
+    out_in = config.replace(kernel_layout="out_in")
+    converted = lm.convert_kernel_layout(params, config, "out_in")
+    fresh = nn.meta.unbox(lm.abstract_params(out_in))
+    assert jax.tree.map(jnp.shape, converted) == jax.tree.map(jnp.shape, fresh)
+    layer = converted["layers"] if scan_layers else converted["layers_0"]
+    query = layer["attention"]["query"]["kernel"]
+    assert query.shape[-3:] == (4, 8, 32)  # [N, H, D]
+    names = jax.tree.map(
+        lambda p: p.names,
+        lm.abstract_params(out_in),
+        is_leaf=lambda p: isinstance(p, nn.Partitioned),
+    )
+    layer_names = names["layers"] if scan_layers else names["layers_0"]
+    assert layer_names["attention"]["out"]["kernel"][-3:] == ("embed", "heads", "kv")
+    tokens, positions = _tokens(config, 2, 12), _positions(2, 12)
+    want, _ = _forward(config, params, tokens, positions)
+    got, _ = _forward(out_in, converted, tokens, positions)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(
+        got[0], numpy_lm.forward(config, params, np.asarray(tokens[0])), atol=1e-4
+    )
+    # Cached decoding in the out_in layout.
+    cache = lm.init_cache(out_in, 2, 12)
+    first, cache = _forward(out_in, converted, tokens[:, :7], positions[:, :7], cache)
+    rest, _ = _forward(out_in, converted, tokens[:, 7:], positions[:, 7:], cache)
+    np.testing.assert_allclose(jnp.concatenate([first, rest], axis=1), want, atol=1e-5)
+    back = lm.convert_kernel_layout(converted, out_in, "in_out")
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), back, params)
+    with pytest.raises(ValueError, match="kernel_layout must be one of"):
+        lm.LMConfig.tiny(kernel_layout="columns")
