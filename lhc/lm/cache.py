@@ -32,13 +32,16 @@ Caches of attention layers add the per-layer interface the ``Attention`` layer u
 (``lhc.nn.attention``):
 
 * ``begin_update(positions) -> (writer, layers)``: ``writer`` is shared by every layer
-  of the call; ``layers`` is the per-layer storage stacked over layers (each leaf leads
-  with ``[L]``), which the model carries through its layers and each layer updates in
-  place (``nn.scan`` carries it, so no layer's slice is copied).
-* ``writer.write(layers, layer, keys, values) -> (KVView, layers)``: stores this call's
-  keys and values ``[B, T, K, H]`` for layer ``layer`` and returns what attention reads:
-  keys, values and *that layer's* key positions, so a cache may keep a different set of
-  tokens in every layer.
+  of the call; ``layers`` is the per-layer storage (stacked arrays whose leaves lead
+  with ``[L]``, or tuples of per-layer arrays), which the model carries through its
+  layers and each layer updates in place.
+* ``writer.read(layers, layer, keys, values) -> KVView``: what layer ``layer`` attends
+  to, given this call's keys and values ``[B, T, K, H]``: what it holds, with *that
+  layer's* key positions (so a cache may keep a different set of tokens in every
+  layer), and the call's own keys.
+* ``writer.write(layers, layer, keys, values, after=attended) -> layers``: stores them,
+  after the attention output ``attended`` is computed (``lhc.nn.attention.after``):
+  read first, then write in place.
 * ``finish_update(writer, layers) -> cache``: the cache after the call.
 
 ``KVCache`` keeps every token (``capacity`` slots). ``SlidingWindowKVCache`` keeps the
@@ -58,6 +61,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from lhc.nn.attention import KVView, write_slots
+from lhc.nn.attention import after as after_
 
 # Keys and values are stored heads-major, [B, K, S, H] per layer: a layer's keys for one
 # head are contiguous over slots, the operand layout of the attention matmuls. A model
@@ -144,18 +148,26 @@ class _KVWriter:
     """``KVCache``'s writer for one call: where each sequence writes, what it then holds."""
 
     slots: jax.Array  # int32 [B, T], the slot of each of this call's tokens
+    positions: jax.Array  # int32 [B, S], slot positions before this call
+    new_positions: jax.Array  # int32 [B, T], this call's positions
     key_positions: jax.Array  # int32 [B, S], slot positions after this call
 
-    def write(self, layers, layer, keys, values):
-        stored_keys, stored_values = (
-            _put(store, layer, self.slots, new) for store, new in zip(layers, (keys, values))
-        )
-        view = KVView(
+    def read(self, layers, layer, keys, values):
+        stored_keys, stored_values = layers
+        return KVView(
             keys=_layer_view(stored_keys, layer),
             values=_layer_view(stored_values, layer),
-            positions=self.key_positions,
+            positions=self.positions,
+            new_keys=keys,
+            new_values=values,
+            new_positions=self.new_positions,
         )
-        return view, (stored_keys, stored_values)
+
+    def write(self, layers, layer, keys, values, *, after):
+        return tuple(
+            _put(store, layer, self.slots, after_(new, after))
+            for store, new in zip(layers, (keys, values))
+        )
 
 
 def _put(store, layer, slots: jax.Array, update: jax.Array):
@@ -188,10 +200,6 @@ def _new_store(config, batch_size: int, slots: int):
     if getattr(config, "scan_layers", False):
         return jnp.zeros((config.num_layers, *shape), dtype)
     return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-
-
-def _view_dtype(store):
-    return (store[0] if isinstance(store, tuple) else store).dtype
 
 
 def _store_axes(store):
@@ -297,9 +305,11 @@ class KVCache:
                     f"the cache capacity {self.capacity}"
                 )
 
-    def begin_update(self, positions: jax.Array) -> tuple[_KVWriter, tuple[jax.Array, jax.Array]]:
+    def begin_update(self, positions: jax.Array) -> tuple[_KVWriter, tuple[Any, Any]]:
         writer = _KVWriter(
             slots=_append_slots(self.lengths, positions.shape[1]),
+            positions=self.positions,
+            new_positions=positions,
             key_positions=write_slots(self.positions, positions, self.lengths),
         )
         return writer, (self.keys, self.values)
@@ -356,40 +366,33 @@ def init_cache(config, batch_size: int, max_len: int) -> KVCache:
 class _RingWriter:
     """``SlidingWindowKVCache``'s writer for one call.
 
-    When the call's ``T`` tokens fit beside the window (``T <= slots - W + 1``) they are
-    written first and attention reads the ring; a longer call (a long prefill chunk)
-    reads the ring as it was plus the call's own keys, then keeps the last ``slots``.
+    Attention reads the ring as it was and the call's own keys; the last ``slots`` of
+    the call's tokens then overwrite the oldest slots. Whatever they overwrite is
+    outside the window of every later query.
     """
 
     slots: jax.Array  # int32 [B, T'], ring slots of the last T' = min(T, S) tokens
+    positions: jax.Array  # int32 [B, S], slot positions before this call
+    new_positions: jax.Array  # int32 [B, T]
     ring_positions: jax.Array  # int32 [B, S], slot positions after this call
-    view_positions: jax.Array  # int32 [B, S] or [B, S + T], positions attention reads
-    num_tokens: int = struct.field(pytree_node=False)  # T
 
-    @property
-    def read_after_write(self) -> bool:
-        return self.view_positions.shape[1] == self.ring_positions.shape[1]
-
-    def write(self, layers, layer, keys, values):
+    def read(self, layers, layer, keys, values):
         stored_keys, stored_values = layers
+        return KVView(
+            keys=_layer_view(stored_keys, layer),
+            values=_layer_view(stored_values, layer),
+            positions=self.positions,
+            new_keys=keys,
+            new_values=values,
+            new_positions=self.new_positions,
+        )
+
+    def write(self, layers, layer, keys, values, *, after):
         kept = self.slots.shape[1]
-        if self.read_after_write:
-            stored_keys = _put(stored_keys, layer, self.slots, keys)
-            stored_values = _put(stored_values, layer, self.slots, values)
-            view_keys = _layer_view(stored_keys, layer)
-            view_values = _layer_view(stored_values, layer)
-        else:
-            view_keys = jnp.concatenate(
-                [_layer_view(stored_keys, layer), keys.astype(_view_dtype(stored_keys))], axis=1
-            )
-            view_values = jnp.concatenate(
-                [_layer_view(stored_values, layer), values.astype(_view_dtype(stored_values))],
-                axis=1,
-            )
-            stored_keys = _put(stored_keys, layer, self.slots, keys[:, -kept:])
-            stored_values = _put(stored_values, layer, self.slots, values[:, -kept:])
-        view = KVView(keys=view_keys, values=view_values, positions=self.view_positions)
-        return view, (stored_keys, stored_values)
+        return tuple(
+            _put(store, layer, self.slots, after_(new[:, -kept:], after))
+            for store, new in zip(layers, (keys, values))
+        )
 
 
 @struct.dataclass
@@ -493,23 +496,16 @@ class SlidingWindowKVCache:
                 "needs are gone"
             )
 
-    def begin_update(self, positions: jax.Array) -> tuple[_RingWriter, tuple[jax.Array, jax.Array]]:
+    def begin_update(self, positions: jax.Array) -> tuple[_RingWriter, tuple[Any, Any]]:
         length = positions.shape[1]
         kept = min(length, self.slots)
         slots = jnp.mod(_append_slots(self.lengths + length - kept, kept), self.slots)
         rows = jnp.arange(positions.shape[0])[:, None]
-        ring_positions = self.positions.at[rows, slots].set(positions[:, length - kept :])
-        read_after_write = length <= self.slots - self.window + 1
-        view_positions = (
-            ring_positions
-            if read_after_write
-            else jnp.concatenate([self.positions, positions], axis=1)
-        )
         writer = _RingWriter(
             slots=slots,
-            ring_positions=ring_positions,
-            view_positions=view_positions,
-            num_tokens=length,
+            positions=self.positions,
+            new_positions=positions,
+            ring_positions=self.positions.at[rows, slots].set(positions[:, length - kept :]),
         )
         return writer, (self.keys, self.values)
 
@@ -519,7 +515,7 @@ class SlidingWindowKVCache:
             keys=keys,
             values=values,
             positions=writer.ring_positions,
-            lengths=self.lengths + writer.num_tokens,
+            lengths=self.lengths + writer.new_positions.shape[1],
         )
 
     def logical_axes(self) -> SlidingWindowKVCache:

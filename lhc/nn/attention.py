@@ -20,7 +20,8 @@ view may also compute the attention itself (a quantized store reads its own code
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import flax.linen as nn
@@ -73,28 +74,65 @@ def attention_mask(
 
 
 def _xla_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    return attention_segments(
+        query, [(key, value, key_positions)], query_positions, scale=scale, window=window
+    )
+
+
+def attention_segments(
+    query: jax.Array,
+    segments: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
+    query_positions: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+) -> jax.Array:
+    """Softmax attention over several key/value segments at once, in plain XLA.
+
+    The scores of every segment share one softmax, as if the segments were
+    concatenated, without concatenating them (a cache and this call's own keys).
+
+    Args:
+        query: ``[B, T, N, H]``.
+        segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions [B, S_i])``.
+        query_positions: int ``[B, T]``.
+        scale: multiplies the scores.
+        window: ``None`` or the sliding-window length.
+
+    Returns:
+        ``[B, T, N, H]`` in the values' dtype.
+    """
     # Heads-major throughout ([B, K, ., .]), the operand and result layouts of XLA's
     # batched matmuls, so that no cached key or value is transposed: the query groups
     # and positions of one key/value head form the rows Q = G * T of one matmul.
     batch, length, num_heads, head_dim = query.shape
-    num_kv_heads = key.shape[2]
+    num_kv_heads = segments[0][0].shape[2]
     group = num_heads // num_kv_heads
     rows = jnp.transpose(
         query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
     )
     rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
-    keys = jnp.swapaxes(key, 1, 2)  # [B, K, S, H]
-    logits = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
-    logits = logits.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
-    mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
-    # A finite fill keeps fully masked rows (padding queries) free of NaN; their
-    # probabilities are zeroed below.
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = jnp.where(mask.any(axis=-1, keepdims=True), probs, 0.0)
-    out = weighted_values(probs.reshape(batch, num_kv_heads, group * length, -1), value)
+    logits, masks = [], []
+    for keys, _, key_positions in segments:
+        keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
+        scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
+        mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
+        # A finite fill keeps fully masked rows (padding queries) free of NaN.
+        logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
+        masks.append(mask)
+    top = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
+    weights = [jnp.where(m, jnp.exp(x - top), 0.0) for x, m in zip(logits, masks)]
+    total = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
+    # Rows that see no key (padding queries) output zero.
+    inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+    out = None
+    for w, (_, values, _) in zip(weights, segments):
+        w = (w * inverse).reshape(batch, num_kv_heads, group * length, -1)
+        part = weighted_values(w, values)
+        out = part if out is None else out + part
     out = jnp.transpose(out.reshape(batch, num_kv_heads, group, length, head_dim), (0, 3, 1, 2, 4))
-    return out.reshape(batch, length, num_heads, head_dim).astype(value.dtype)
+    return out.reshape(batch, length, num_heads, head_dim).astype(segments[0][1].dtype)
 
 
 def weighted_values(probs: jax.Array, value: jax.Array) -> jax.Array:
@@ -172,6 +210,25 @@ def attention_impls() -> tuple[str, ...]:
     return tuple(_IMPLEMENTATIONS)
 
 
+def _check_attention_inputs(query, key, value, query_positions, key_positions) -> None:
+    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
+        raise ValueError(
+            f"expected query [B, T, N, H] and key/value [B, S, K, H], got {query.shape=} "
+            f"{key.shape=} {value.shape=}"
+        )
+    batch, length, num_heads, head_dim = query.shape
+    if key.shape[0] != batch or key.shape[3] != head_dim:
+        raise ValueError(f"batch or head_dim differ: {query.shape=} {key.shape=}")
+    if num_heads % key.shape[2]:
+        raise ValueError(
+            f"query heads ({num_heads}) must be a multiple of key/value heads ({key.shape[2]})"
+        )
+    if query_positions.shape != (batch, length):
+        raise ValueError(f"{query_positions.shape=} must be {(batch, length)}")
+    if key_positions.shape != key.shape[:2]:
+        raise ValueError(f"{key_positions.shape=} must be {key.shape[:2]}")
+
+
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -201,22 +258,7 @@ def dot_product_attention(
     Returns:
         ``[B, T, N, H]`` in the value dtype.
     """
-    if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
-        raise ValueError(
-            f"expected query [B, T, N, H] and key/value [B, S, K, H], got {query.shape=} "
-            f"{key.shape=} {value.shape=}"
-        )
-    batch, length, num_heads, head_dim = query.shape
-    if key.shape[0] != batch or key.shape[3] != head_dim:
-        raise ValueError(f"batch or head_dim differ: {query.shape=} {key.shape=}")
-    if num_heads % key.shape[2]:
-        raise ValueError(
-            f"query heads ({num_heads}) must be a multiple of key/value heads ({key.shape[2]})"
-        )
-    if query_positions.shape != (batch, length):
-        raise ValueError(f"{query_positions.shape=} must be {(batch, length)}")
-    if key_positions.shape != key.shape[:2]:
-        raise ValueError(f"{key_positions.shape=} must be {key.shape[:2]}")
+    _check_attention_inputs(query, key, value, query_positions, key_positions)
     if impl not in _IMPLEMENTATIONS:
         raise ValueError(f"attention impl must be one of {attention_impls()}, got {impl!r}")
     if window is not None and (
@@ -224,7 +266,7 @@ def dot_product_attention(
     ):
         raise ValueError(f"window must be None or an int >= 1, got {window!r}")
     if scale is None:
-        scale = head_dim**-0.5
+        scale = query.shape[-1] ** -0.5
     # An implementation without sliding windows may leave out the window argument.
     extra = {} if window is None else {"window": window}
     return _IMPLEMENTATIONS[impl](
@@ -252,17 +294,23 @@ def write_slots(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.A
 
 @struct.dataclass
 class KVView:
-    """What one attention layer attends to after a cache took this call's keys and values.
+    """What one attention layer attends to: what its cache holds, and this call's keys.
 
     Attributes:
-        keys: ``[B, S, K, H]``.
+        keys: ``[B, S, K, H]``, held before this call.
         values: ``[B, S, K, H]``.
         positions: int32 ``[B, S]``, the position of each key (negative: empty or padding).
+        new_keys: ``[B, T, K, H]``, this call's keys (``None`` when ``keys`` has them).
+        new_values: ``[B, T, K, H]``.
+        new_positions: int32 ``[B, T]``.
     """
 
     keys: jax.Array
     values: jax.Array
     positions: jax.Array
+    new_keys: jax.Array | None = None
+    new_values: jax.Array | None = None
+    new_positions: jax.Array | None = None
 
     def attend(
         self,
@@ -275,26 +323,43 @@ class KVView:
     ) -> jax.Array:
         """``[B, T, N, H]`` attention of ``query`` over this view (see ``dot_product_attention``).
 
-        Caches that store something other than plain keys and values (quantized codes)
-        return a view that overrides this method.
+        The XLA implementation reads the cache and the new keys as two segments of one
+        softmax; the others receive them concatenated. Caches that store something other
+        than plain keys and values (quantized codes) return a view that overrides this.
         """
+        segments = [(self.keys, self.values, self.positions)]
+        if self.new_keys is not None:
+            segments.append((self.new_keys, self.new_values, self.new_positions))
+        segments = [(k.astype(dtype), v.astype(dtype), p) for k, v, p in segments]
+        if impl == "xla" and len(segments) > 1:
+            _check_attention_inputs(query, *segments[0][:2], query_positions, segments[0][2])
+            for keys, values, positions in segments[1:]:
+                _check_attention_inputs(query, keys, values, query_positions, positions)
+            return attention_segments(
+                query, segments, query_positions, scale=query.shape[-1] ** -0.5, window=window
+            )
+        keys, values, positions = (jnp.concatenate(parts, axis=1) for parts in zip(*segments))
         return dot_product_attention(
-            query,
-            self.keys.astype(dtype),
-            self.values.astype(dtype),
-            query_positions,
-            self.positions,
-            impl=impl,
-            window=window,
+            query, keys, values, query_positions, positions, impl=impl, window=window
         )
 
 
 class LayerWriter(Protocol):
-    """How a cache takes one layer's keys and values (``lhc.lm.cache`` has the protocol)."""
+    """How a cache serves one layer (``lhc.lm.cache`` has the protocol)."""
+
+    def read(
+        self, layers: Any, layer: int | jax.Array, keys: jax.Array, values: jax.Array
+    ) -> KVView: ...
 
     def write(
-        self, layers: Any, layer: int | jax.Array, keys: jax.Array, values: jax.Array
-    ) -> tuple[KVView, Any]: ...
+        self,
+        layers: Any,
+        layer: int | jax.Array,
+        keys: jax.Array,
+        values: jax.Array,
+        *,
+        after: jax.Array,
+    ) -> Any: ...
 
 
 @struct.dataclass
@@ -303,8 +368,9 @@ class LayerCache:
 
     Attributes:
         writer: the cache's ``LayerWriter`` for this call (shared by every layer).
-        layers: the cache's per-layer storage, stacked over layers (a pytree whose leaves
-            lead with ``[L]``); passed whole so that a layer updates its slice in place.
+        layers: the cache's per-layer storage (stacked arrays whose leaves lead with
+            ``[L]``, or tuples of per-layer arrays); passed whole so that a layer updates
+            its part in place.
         layer: this layer's index into ``layers`` (an int, or a traced scalar under
             ``nn.scan``).
     """
@@ -313,11 +379,38 @@ class LayerCache:
     layers: Any
     layer: Any
 
-    def update(self, keys: jax.Array, values: jax.Array) -> tuple[KVView, LayerCache]:
-        """Stores this call's ``keys`` / ``values`` ``[B, T, K, H]``; returns the view and
-        the handle on the updated storage."""
-        view, layers = self.writer.write(self.layers, self.layer, keys, values)
-        return view, self.replace(layers=layers)
+    def attend(
+        self,
+        query: jax.Array,
+        query_positions: jax.Array,
+        keys: jax.Array,
+        values: jax.Array,
+        *,
+        impl: str,
+        window: int | None,
+        dtype: DTypeLike,
+    ) -> tuple[jax.Array, LayerCache]:
+        """Attends ``query`` to the cache and this call's ``keys`` / ``values``
+        ``[B, T, K, H]``, then stores them; returns the output and the updated handle.
+
+        The cache is read before it is written, and the write is made to depend on the
+        attention output, so XLA updates the stored arrays in place: a reader of the
+        updated array (or one unordered with the update) makes it copy the layer.
+        """
+        view = self.writer.read(self.layers, self.layer, keys, values)
+        attended = view.attend(query, query_positions, impl=impl, window=window, dtype=dtype)
+        layers = self.writer.write(self.layers, self.layer, keys, values, after=attended)
+        return attended, self.replace(layers=layers)
+
+
+def after(update: jax.Array, result: jax.Array) -> jax.Array:
+    """``update`` made to depend on ``result`` (its value unchanged, for finite results).
+
+    An in-place update of a buffer must come after every read of it; a data dependency
+    is what orders them in XLA (``0 * x`` is not folded away for floats).
+    """
+    dependency = jnp.zeros((), jnp.float32) * result.reshape(-1)[0].astype(jnp.float32)
+    return update + dependency.astype(update.dtype)
 
 
 class Attention(nn.Module):
@@ -394,13 +487,13 @@ class Attention(nn.Module):
         key = nn.with_logical_constraint(key, kv_axes)
         value = nn.with_logical_constraint(value, kv_axes)
 
+        settings = dict(impl=self.attention_impl, window=self.window, dtype=self.dtype)
         if cache is None:
-            view = KVView(keys=key, values=value, positions=positions)
+            attended = KVView(keys=key, values=value, positions=positions).attend(
+                query, positions, **settings
+            )
         else:
-            view, cache = cache.update(key, value)
-        attended = view.attend(
-            query, positions, impl=self.attention_impl, window=self.window, dtype=self.dtype
-        )
+            attended, cache = cache.attend(query, positions, key, value, **settings)
         batch, length = attended.shape[:2]
         out = Einsum(
             shape=(num_heads, head_dim, embed_dim),

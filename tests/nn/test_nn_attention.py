@@ -123,20 +123,26 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
     @struct.dataclass
     class Writer:
         start: jax.Array
-        key_positions: jax.Array
+        old_positions: jax.Array
+        new_positions: jax.Array
 
-        def write(self, layers, layer, keys, values):
-            stored = tuple(
-                lnn.write_slots(store[layer], new, self.start)[None]
+        def read(self, layers, layer, keys, values):
+            return lnn.KVView(
+                layers[0][layer], layers[1][layer], self.old_positions, keys, values,
+                self.new_positions,
+            )  # fmt: skip
+
+        def write(self, layers, layer, keys, values, *, after):
+            return tuple(
+                lnn.write_slots(store[layer], lnn.after(new, after), self.start)[None]
                 for store, new in zip(layers, (keys, values))
             )
-            return lnn.KVView(stored[0][layer], stored[1][layer], self.key_positions), stored
 
     def cached_call(params, x, positions, layers, slot_positions, lengths):
-        writer = Writer(lengths, lnn.write_slots(slot_positions, positions, lengths))
+        writer = Writer(lengths, slot_positions, positions)
         handle = lnn.LayerCache(writer=writer, layers=layers, layer=0)
         out, handle = layer.apply(params, x, positions, handle)
-        return out, handle.layers, writer.key_positions
+        return out, handle.layers, lnn.write_slots(slot_positions, positions, lengths)
 
     cached_call = jax.jit(cached_call)
     layers = (jnp.zeros((1, batch, slots, 2, 8)), jnp.zeros((1, batch, slots, 2, 8)))
