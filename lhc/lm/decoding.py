@@ -256,8 +256,13 @@ def constrain_cache(cache):
 
 
 def empty_cache(model: nn.Module, batch_size: int, cache_len: int):
-    """``model.init_cache``, constrained to the cache's logical axes."""
-    return constrain_cache(model.init_cache(batch_size, cache_len))
+    """``model.init_cache``, constrained to the cache's logical axes.
+
+    Behind an optimization barrier: attention reads the stored keys before it writes the
+    new ones, and XLA would otherwise constant-fold the first chunk's scores against an
+    empty cache made in the same program (seconds of compilation per layer).
+    """
+    return jax.lax.optimization_barrier(constrain_cache(model.init_cache(batch_size, cache_len)))
 
 
 # Prefill and one step --------------------------------------------------------------------
