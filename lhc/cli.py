@@ -1,7 +1,7 @@
 """The ``lhc`` command. It parses arguments and calls library functions, nothing more.
 
 lhc train   --config configs/X.py:tiny --workdir DIR [--config.key=value ...]
-lhc eval    --config configs/X.py:tiny --workdir DIR [--step N]
+lhc eval    --workdir DIR [--config configs/X.py:tiny] [--step N] [--config.key=value ...]
 lhc compile --config configs/X.py:tiny --topology v5e:2x2
 lhc demo    [--workdir DIR]
 lhc bench   NAME [benchmark flags]
@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 
@@ -52,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--workdir", required=True)
 
     evaluate = commands.add_parser("eval", help="evaluate the latest checkpoint in --workdir")
-    evaluate.add_argument("--config", required=True)
+    evaluate.add_argument(
+        "--config", default=None, help="configs/X.py[:arg] (default: the run's config.json)"
+    )
     evaluate.add_argument("--workdir", required=True)
     evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (latest)")
 
@@ -92,14 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         return _demo(args.workdir)
 
     try:
-        config = config_lib.load_config(args.config, overrides)
+        if args.command == "eval" and args.config is None:
+            config = config_lib.load_run_config(args.workdir, overrides)
+        else:
+            config = config_lib.load_config(args.config, overrides)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"lhc {args.command}: {error}") from None
 
     if args.command == "train":
-        from lhc.train import train_and_evaluate
+        from lhc.train import NonFiniteLossError, train_and_evaluate
 
-        summary = train_and_evaluate(config, args.workdir)
+        try:
+            summary = train_and_evaluate(config, args.workdir, command=shlex.join(["lhc", *argv]))
+        except NonFiniteLossError as error:
+            raise SystemExit(f"lhc train: {error}") from None
         print(json.dumps(summary, indent=2, sort_keys=True))
     elif args.command == "eval":
         from lhc.train import evaluate

@@ -3,7 +3,10 @@
 A checkpoint step holds two items: ``state`` (the train-state pytree, restored
 against an abstract tree so shardings hold) and ``data`` (the JSON state of the data
 iterator). Orbax writes each step to a temporary directory and renames it when
-complete, so a crash mid-write never leaves a step that looks finished.
+complete, so a crash mid-write never leaves a step that looks finished; the temporary
+directory a killed run left behind is removed when the next run opens the directory.
+Evaluation restores the parameters alone (``restore_params``), so it does not depend
+on the optimizer that trained them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Checkpointer:
         preemption and forced saves still happen).
       max_to_keep: keep at most this many recent steps (None keeps all).
       async_save: write in a background thread (call ``wait()`` before reading).
+      read_only: only restore (no directory is created, nothing is cleaned up).
     """
 
     def __init__(
@@ -33,6 +37,7 @@ class Checkpointer:
         save_interval_steps: int = 1000,
         max_to_keep: int | None = 3,
         async_save: bool = True,
+        read_only: bool = False,
     ):
         self.directory = os.path.abspath(directory) if "://" not in directory else directory
         policies = [checkpoint_managers.PreemptionCheckpointingPolicy()]
@@ -42,10 +47,18 @@ class Checkpointer:
             max_to_keep=max_to_keep,
             save_decision_policy=checkpoint_managers.AnySavePolicy(policies),
             enable_async_checkpointing=async_save,
-            create=True,
+            create=not read_only,
+            cleanup_tmp_directories=not read_only,
         )
+        # A PyTree handler (StandardSave writes a PyTree checkpoint) so that a subtree,
+        # the parameters, can be restored alone.
         self._manager = ocp.CheckpointManager(
-            self.directory, item_names=("state", "data"), options=options
+            self.directory,
+            item_handlers={
+                "state": ocp.PyTreeCheckpointHandler(),
+                "data": ocp.JsonCheckpointHandler(),
+            },
+            options=options,
         )
 
     def latest_step(self) -> int | None:
@@ -57,15 +70,50 @@ class Checkpointer:
     def reached_preemption(self, step: int) -> bool:
         return self._manager.reached_preemption(step)
 
+    def should_save(self, step: int) -> bool:
+        """Whether the policy saves at ``step`` (an interval step or a preemption)."""
+        return self._manager.should_save(step)
+
     def save(self, step: int, state, data_state: dict, *, force: bool = False) -> bool:
         """Saves when the policy says so (or ``force``); returns whether it saved."""
         return self._manager.save(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state)
+                state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data_state)
             ),
             force=force,
         )
+
+    def _step_or_latest(self, step: int | None) -> int:
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"no checkpoint found in {self.directory!r}")
+        elif step not in self.all_steps():
+            raise FileNotFoundError(
+                f"no checkpoint for step {step} in {self.directory!r}; "
+                f"available steps: {self.all_steps()}"
+            )
+        return step
+
+    def _restore(self, step: int, target, *, partial: bool, **items):
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        try:
+            return self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(
+                        target, restore_args=restore_args, partial_restore=partial
+                    ),
+                    **items,
+                ),
+            )
+        except Exception as error:  # orbax raises many types for damaged files
+            raise ValueError(
+                f"checkpoint step {step} in {self.directory!r} could not be restored into "
+                f"the expected train state (corrupt, incomplete, or written for a different "
+                f"config): {type(error).__name__}: {error}"
+            ) from error
 
     def restore(self, step: int | None, abstract_state):
         """Restores ``(state, data_state)`` at ``step`` (latest when None).
@@ -79,31 +127,25 @@ class Checkpointer:
           FileNotFoundError: no checkpoint in the directory (or not that step).
           ValueError: the checkpoint is unreadable or does not match ``abstract_state``.
         """
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"no checkpoint found in {self.directory!r}")
-        elif step not in self.all_steps():
-            raise FileNotFoundError(
-                f"no checkpoint for step {step} in {self.directory!r}; "
-                f"available steps: {self.all_steps()}"
-            )
+        step = self._step_or_latest(step)
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()
-                ),
-            )
-        except Exception as error:  # orbax raises many types for damaged files
-            raise ValueError(
-                f"checkpoint step {step} in {self.directory!r} could not be restored into "
-                f"the expected train state (corrupt, incomplete, or written for a different "
-                f"config): {type(error).__name__}: {error}"
-            ) from error
+        restored = self._restore(step, target, partial=False, data=ocp.args.JsonRestore())
         _check_restored_shapes(restored.state, target, step, self.directory)
         return restored.state, restored.data
+
+    def restore_params(self, step: int | None, abstract_params) -> tuple[dict, int]:
+        """Restores ``(params, step)`` alone: the optimizer state, the RNG and the data
+        position are not read, so any optimizer config evaluates the checkpoint.
+
+        Raises:
+          FileNotFoundError: no checkpoint in the directory (or not that step).
+          ValueError: the checkpoint is unreadable or does not match ``abstract_params``.
+        """
+        step = self._step_or_latest(step)
+        target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_params)}
+        restored = self._restore(step, target, partial=True)
+        _check_restored_shapes(restored.state, target, step, self.directory)
+        return restored.state["params"], step
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

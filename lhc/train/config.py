@@ -6,6 +6,7 @@ import ast
 import contextlib
 import difflib
 import importlib.util
+import json
 import os
 import pathlib
 
@@ -179,3 +180,99 @@ def _parse_value(text: str, current, what: str):
             f"{what}: expected a {type(current).__name__} like {current!r}, got {text!r}"
         )
     return value
+
+
+# The resolved config of a run, recorded in its workdir ----------------------------------
+
+RUN_CONFIG = "config.json"
+
+
+def _tuples(value):
+    """JSON lists back to the tuples that configs use for sequences."""
+    if isinstance(value, dict):
+        return {key: _tuples(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(item) for item in value)
+    return value
+
+
+def save_run_config(config: ml_collections.ConfigDict, workdir: str, command: str) -> str:
+    """Writes ``workdir/config.json``: the resolved config and the command that made it.
+
+    Returns:
+      The file's path.
+
+    Raises:
+      ValueError: a config value that JSON cannot hold (the error names its key).
+    """
+    flat = flatten(config)
+    for key, value in flat.items():
+        try:
+            json.dumps(value)
+        except TypeError:
+            raise ValueError(
+                f"config key {key!r}: a {type(value).__name__} cannot be recorded in "
+                f"{RUN_CONFIG}; configs hold numbers, strings, booleans, None and tuples"
+            ) from None
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, RUN_CONFIG)
+    temporary = path + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump({"command": command, "config": config.to_dict()}, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(temporary, path)
+    return path
+
+
+def load_run_config(workdir: str, overrides=()) -> ml_collections.ConfigDict:
+    """The config recorded by ``lhc train`` in ``workdir`` (``key=value`` overrides
+    applied), locked.
+
+    Raises:
+      FileNotFoundError: ``workdir`` holds no ``config.json``.
+      ValueError: the file is not a recorded config, or an override is bad.
+    """
+    path = os.path.join(workdir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"--workdir {workdir!r} holds no {RUN_CONFIG} (written by `lhc train`); pass --config"
+        )
+    with open(path) as f:
+        try:
+            recorded = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path!r} is not valid JSON: {error}") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("config"), dict):
+        raise ValueError(f"{path!r} holds no recorded config (expected a 'config' object)")
+    config = ml_collections.ConfigDict(_tuples(recorded["config"]))
+    apply_overrides(config, overrides)
+    config.lock()
+    return config
+
+
+def flatten(config, prefix: str = "") -> dict:
+    """``{"a.b": value}`` for every leaf of a (nested) ConfigDict or dict."""
+    items = config.items() if hasattr(config, "items") else ()
+    flat = {}
+    for key, value in items:
+        if isinstance(value, (ml_collections.ConfigDict, dict)):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(recorded, given) -> list[str]:
+    """``"key: recorded -> given"`` for every key whose values differ (or that only one
+    of the two configs has), sorted by key."""
+    a, b = flatten(recorded), flatten(given)
+    missing = object()
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        old, new = a.get(key, missing), b.get(key, missing)
+        if isinstance(old, list):
+            old = tuple(old)
+        if old != new:
+            show = lambda v: "(absent)" if v is missing else repr(v)
+            lines.append(f"{key}: {show(old)} -> {show(new)}")
+    return lines

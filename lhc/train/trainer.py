@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shlex
+import sys
 from typing import Any
 
 import flax.linen as nn
@@ -23,6 +25,7 @@ import tqdm
 from jax.sharding import Mesh
 
 from lhc import parallel
+from lhc.train import config as config_lib
 from lhc.train.checkpoint import Checkpointer
 from lhc.train.metrics import MetricWriter
 from lhc.train.optim import make_optimizer
@@ -114,7 +117,7 @@ class Experiment:
             params = optax.apply_updates(state["params"], updates)
             metrics = dict(metrics)
             metrics["loss"] = loss
-            metrics["grad_norm"] = optax.global_norm(grads)
+            metrics["grad_norm"] = optax.tree.norm(grads)
             metrics["learning_rate"] = schedule(state["step"])
             new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
             return new_state, metrics
@@ -149,25 +152,75 @@ def _checkpointer(config, workdir: str) -> Checkpointer:
     )
 
 
-def _raise_if_non_finite(pending: list[tuple[int, Any]]) -> None:
-    """Checks buffered per-step losses; names the first step whose loss is not finite."""
+_ADVICE = "lower optimizer.learning_rate, enable optimizer.grad_clip_norm, or check the data"
+
+
+def _raise_if_non_finite(pending: list[tuple[int, Any, Any]]) -> None:
+    """Checks buffered per-step ``(step, loss, grad_norm)``; names the first step whose
+    loss (or gradient) is not finite."""
     if not pending:
         return
-    losses = jax.device_get([loss for _, loss in pending])
-    for (step, _), loss in zip(pending, losses):
+    values = jax.device_get([(loss, grad_norm) for _, loss, grad_norm in pending])
+    for (step, _, _), (loss, grad_norm) in zip(pending, values):
         if not np.isfinite(loss):
+            raise NonFiniteLossError(f"training loss is {float(loss)} at step {step}; {_ADVICE}")
+        if not np.isfinite(grad_norm):
             raise NonFiniteLossError(
-                f"training loss is {float(loss)} at step {step}; lower optimizer.learning_rate, "
-                f"enable optimizer.grad_clip_norm, or check the data"
+                f"gradient norm is {float(grad_norm)} at step {step} (loss {float(loss)}); "
+                f"{_ADVICE}"
             )
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves])) if leaves else True
+
+
+def _check_before_save(pending: list, state: State, step: int) -> None:
+    """Raises ``NonFiniteLossError`` unless every loss since the last check is finite and
+    the state about to be saved holds finite values only."""
+    _raise_if_non_finite(pending)
+    pending.clear()
+    if not bool(_all_finite({"params": state["params"], "opt_state": state["opt_state"]})):
+        raise NonFiniteLossError(
+            f"parameters or optimizer state are not finite after step {step} (the losses "
+            f"were finite); not saving a checkpoint. {_ADVICE}"
+        )
+
+
+def _close_all(*closers) -> None:
+    """Calls every closer, even if one raises; re-raises the first error afterwards."""
+    first = None
+    for close in closers:
+        try:
+            close()
+        except BaseException as error:  # noqa: BLE001 - each resource gets its close
+            log.exception("error while closing the run")
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, *, command: str | None = None
+) -> dict[str, Any]:
     """Trains ``config.task`` for ``config.num_steps`` steps in ``workdir``.
 
-    Resumes from the latest checkpoint in ``workdir/checkpoints``; writes metrics to
-    ``workdir/metrics.jsonl`` and ``workdir/tensorboard`` (process 0); evaluates every
-    ``config.eval_every`` steps and at the end.
+    Resumes from the latest checkpoint in ``workdir/checkpoints``; records the resolved
+    config in ``workdir/config.json``; writes metrics to ``workdir/metrics.jsonl`` and
+    ``workdir/tensorboard`` (process 0), dropping any rows of an interrupted run after the
+    restored step; evaluates every ``config.eval_every`` steps and at the end.
+
+    Every step's loss and gradient norm are checked before a checkpoint is saved, and the
+    saved state must be finite, so no checkpoint holds a diverged run. However the loop
+    ends (done, an error, an interrupt, a preemption signal), the save in flight is
+    finished and the checkpointer and metric writers are closed.
+
+    Args:
+      config: the experiment config.
+      workdir: the run's directory (local or ``gs://``).
+      command: the command line recorded in ``config.json`` (default: this process's).
 
     Returns:
       The last logged train metrics and the final evaluation metrics, as floats.
@@ -178,36 +231,53 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     parallel.maybe_initialize_distributed()
     exp = build_experiment(config)
     num_steps = int(config.num_steps)
-    log_every = max(int(config.get("log_every", 10)), 1)
-    eval_every = int(config.get("eval_every", 0))
-
     state = exp.init_state(int(config.seed))
     data = exp.task.train_iterator(jax.process_index(), jax.process_count())
+    if jax.process_index() == 0:
+        config_lib.save_run_config(config, workdir, command or shlex.join(sys.argv))
     checkpointer = _checkpointer(config, workdir)
-    latest = checkpointer.latest_step()
-    if latest is not None:
-        state, data_state = checkpointer.restore(latest, state)
-        data.set_state(data_state)
-        log.info("resumed from step %d in %s", latest, workdir)
-    start_step = int(jax.device_get(state["step"]))
+    closers = [checkpointer.close]
+    try:
+        latest = checkpointer.latest_step()
+        if latest is not None:
+            state, data_state = checkpointer.restore(latest, state)
+            data.set_state(data_state)
+            log.info("resumed from step %d in %s", latest, workdir)
+        start_step = int(jax.device_get(state["step"]))
+        writer = MetricWriter(
+            workdir, tensorboard=bool(config.get("tensorboard", True)), resume_step=start_step
+        )
+        closers.insert(0, writer.close)
+        progress = tqdm.tqdm(
+            total=num_steps,
+            initial=start_step,
+            disable=jax.process_index() != 0 or not config.get("progress_bar", True),
+            desc=str(config.task),
+        )
+        closers.insert(0, progress.close)
+        summary = _loop(exp, state, data, checkpointer, writer, progress, start_step)
+    finally:
+        _close_all(*closers)
+    return summary
 
-    writer = MetricWriter(workdir, tensorboard=bool(config.get("tensorboard", True)))
+
+def _loop(exp, state, data, checkpointer, writer, progress, start_step) -> dict[str, Any]:
+    """The steps from ``start_step`` on. Within a step the rows are written before its
+    checkpoint, so a run resumed from a checkpoint has every row up to it."""
+    config = exp.config
+    num_steps = int(config.num_steps)
+    log_every = max(int(config.get("log_every", 10)), 1)
+    eval_every = int(config.get("eval_every", 0))
     train_step = exp.jit_train_step()
     summary: dict[str, Any] = {}
-    pending: list[tuple[int, Any]] = []
-    progress = tqdm.tqdm(
-        total=num_steps,
-        initial=start_step,
-        disable=jax.process_index() != 0 or not config.get("progress_bar", True),
-        desc=str(config.task),
-    )
+    pending: list[tuple[int, Any, Any]] = []
     step = start_step
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
         while step < num_steps:
             batch = parallel.global_batch(next(data), exp.mesh, exp.rules)
             state, metrics = train_step(state, batch)
             step += 1
-            pending.append((step, metrics["loss"]))
+            pending.append((step, metrics["loss"], metrics["grad_norm"]))
             progress.update(1)
             if step % log_every == 0 or step == num_steps:
                 _raise_if_non_finite(pending)
@@ -216,54 +286,84 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 writer.write(step, host_metrics)
                 progress.set_postfix(loss=f"{host_metrics['train/loss']:.4f}")
                 summary.update(host_metrics)
-            preempted = checkpointer.reached_preemption(step)
-            checkpointer.save(step, state, data.get_state(), force=preempted or step == num_steps)
-            if preempted:
-                log.warning("preemption signal at step %d: checkpoint saved, stopping", step)
-                break
-            if eval_every and step % eval_every == 0 and step != num_steps:
+            if (eval_every and step % eval_every == 0) or step == num_steps:
                 eval_metrics = exp.task.evaluate(state["params"])
                 writer.write(step, eval_metrics)
                 summary.update(eval_metrics)
+            preempted = checkpointer.reached_preemption(step)
+            if preempted or step == num_steps or checkpointer.should_save(step):
+                _check_before_save(pending, state, step)
+                writer.flush()
+                checkpointer.save(step, state, data.get_state(), force=True)
+            if preempted:
+                log.warning("preemption signal at step %d: checkpoint saved, stopping", step)
+                break
         _raise_if_non_finite(pending)
-        if step == num_steps:
-            eval_metrics = exp.task.evaluate(state["params"])
-            writer.write(step, eval_metrics)
-            summary.update(eval_metrics)
-    progress.close()
-    checkpointer.close()
-    writer.close()
+        if start_step == num_steps:  # already complete: evaluate again, log nothing new
+            summary.update(exp.task.evaluate(state["params"]))
     summary["step"] = step
     return summary
 
 
-def restore_params(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
+def restore_params(config: ml_collections.ConfigDict | None, workdir: str, step: int | None = None):
     """Parameters of the checkpoint at ``step`` (latest when None) in ``workdir``.
+
+    Only the parameters are read, so ``config`` may name another optimizer, batch size
+    or number of steps than the run had; the model must be the same. ``config=None``
+    takes the config the run recorded (``workdir/config.json``).
 
     Returns:
       ``(experiment, params, step)``.
 
     Raises:
-      FileNotFoundError: no checkpoint in ``workdir``.
+      FileNotFoundError: no checkpoint in ``workdir`` (or no recorded config).
       ValueError: the checkpoint is corrupt or does not match ``config``.
     """
+    config = resolve_config(config, workdir)
     exp = build_experiment(config)
-    abstract = exp.abstract_state()
-    checkpointer = _checkpointer(config, workdir)
+    abstract = exp.abstract_state()["params"]
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory) and "://" not in directory:
+        raise FileNotFoundError(
+            f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
+            f"train first with `lhc train`"
+        )
+    checkpointer = Checkpointer(directory, read_only=True)
     try:
         if step is None and checkpointer.latest_step() is None:
             raise FileNotFoundError(
-                f"--workdir {workdir!r} holds no checkpoint (looked in "
-                f"{os.path.join(workdir, 'checkpoints')!r}); train first with `lhc train`"
+                f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
+                f"train first with `lhc train`"
             )
-        state, _ = checkpointer.restore(step, abstract)
+        params, step = checkpointer.restore_params(step, abstract)
     finally:
         checkpointer.close()
-    return exp, state["params"], int(jax.device_get(state["step"]))
+    return exp, params, step
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir: str, step: int | None = None):
-    """Restores the latest (or ``step``) checkpoint and runs the task's evaluation."""
+def resolve_config(
+    config: ml_collections.ConfigDict | None, workdir: str
+) -> ml_collections.ConfigDict:
+    """``config``, or the one recorded in ``workdir`` when None. When both exist and
+    differ, a warning lists the keys that differ (the given config is used)."""
+    recorded_path = os.path.join(workdir, config_lib.RUN_CONFIG)
+    if config is None:
+        return config_lib.load_run_config(workdir)
+    if os.path.isfile(recorded_path):
+        differences = config_lib.config_differences(config_lib.load_run_config(workdir), config)
+        if differences:
+            log.warning(
+                "the config differs from the one recorded in %s (recorded -> given):\n  %s",
+                recorded_path, "\n  ".join(differences),
+            )  # fmt: skip
+    return config
+
+
+def evaluate(
+    config: ml_collections.ConfigDict | None, workdir: str, step: int | None = None
+) -> dict[str, Any]:
+    """Restores the parameters of the latest (or ``step``) checkpoint and runs the task's
+    evaluation; ``config=None`` evaluates with the config the run recorded."""
     parallel.maybe_initialize_distributed()
     exp, params, restored_step = restore_params(config, workdir, step)
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):

@@ -18,10 +18,11 @@ if mode == "meshes":
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import flax.linen  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from lhc import train  # noqa: E402
+from lhc import parallel, train  # noqa: E402
 from lhc.train import config as config_lib  # noqa: E402
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "lm_assoc_recall.py")
@@ -39,6 +40,35 @@ OVERRIDES = [
 ]
 
 
+def layouts(config):
+    """Each state leaf after one jitted train step, as the trainer builds it: its logical
+    axis names, global shape and the shape of the shard on device 0."""
+    exp = train.build_experiment(config)
+    state = exp.init_state(int(config.seed))
+    rng = jax.random.key_data(jax.random.key(0))
+    with jax.set_mesh(exp.mesh), flax.linen.logical_axis_rules(exp.rules):
+        boxed = jax.eval_shape(exp.init_fn(), rng)
+        batch = exp.task.train_iterator(0, 1)
+        state, _ = exp.jit_train_step()(
+            state, parallel.global_batch(next(batch), exp.mesh, exp.rules)
+        )
+    is_box = lambda x: isinstance(x, flax.linen.meta.AxisMetadata)
+    names = {
+        jax.tree_util.keystr(path): list(box.names) if is_box(box) else None
+        for path, box in jax.tree_util.tree_leaves_with_path(boxed, is_leaf=is_box)
+    }
+    rows = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(
+        {"params": state["params"], "opt_state": state["opt_state"]}
+    ):
+        key = jax.tree_util.keystr(path)
+        rows[key] = dict(
+            names=names[key], shape=list(leaf.shape),
+            shard=list(leaf.addressable_shards[0].data.shape),
+        )  # fmt: skip
+    return {"mesh": dict(exp.mesh.shape), "rules": [list(r) for r in exp.rules], "leaves": rows}
+
+
 def run(name, mesh_shape):
     config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
     path = os.path.join(workdir, name)
@@ -46,7 +76,10 @@ def run(name, mesh_shape):
     losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
     _, params, _ = train.restore_params(config, path)
     flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])
-    return {"losses": losses, "params": flat.tolist()}
+    result = {"losses": losses, "params": flat.tolist()}
+    if jax.device_count() > 1 and jax.process_count() == 1:
+        result["layouts"] = layouts(config)
+    return result
 
 
 if mode == "meshes":

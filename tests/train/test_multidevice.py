@@ -45,6 +45,26 @@ def test_eight_devices_match_one(tmp_path):
         np.testing.assert_allclose(results[name]["params"], single["params"], rtol=1e-4, atol=1e-6)
     # the runs really trained: parameters moved and differ from a fresh init's losses
     assert single["losses"][0] != single["losses"][-1]
+    for name in ("data2_fsdp4", "data2_tensor4"):
+        _check_sharded_as_the_rules_say(results[name]["layouts"])
+
+
+def _check_sharded_as_the_rules_say(layouts):
+    """Every parameter and optimizer-state leaf's shard on a device is its global shape
+    divided along each logical axis by the sizes of the mesh axes its rule names."""
+    mesh, rules = layouts["mesh"], dict((name, target) for name, target in layouts["rules"])
+    split = {"params": 0, "opt_state": 0}
+    for key, leaf in layouts["leaves"].items():
+        expected = list(leaf["shape"])
+        for dim, name in enumerate(leaf["names"] or ()):
+            target = rules.get(name)
+            axes = [target] if isinstance(target, str) else list(target or ())
+            expected[dim] //= int(np.prod([mesh[a] for a in axes]))
+        assert leaf["shard"] == expected, (key, leaf)
+        if leaf["shard"] != leaf["shape"]:
+            split[key.split("'")[1]] += 1
+    # Not a replicated run: the mesh axis of size 4 splits parameters and Adam's moments.
+    assert split["params"] >= 3 and split["opt_state"] >= 6, split
 
 
 def _free_port() -> int:
