@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.sparse
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.multiclass import check_classification_targets
@@ -179,8 +180,10 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
             self.
         """
         if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but y is None")
-        _reject_1d(X)
+            raise ValueError(
+                f"{type(self).__name__} requires y to be passed, but the target y is None"
+            )
+        X = _as_table(X)
         X, y = _validate_data(self, X, y, skip_check_array=True)
         y = column_or_1d(y, warn=True)
         check_classification_targets(y)
@@ -320,7 +323,7 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities ``[n_samples, n_classes]`` (columns in ``classes_`` order)."""
         check_is_fitted(self, "members_")
-        _reject_1d(X)
+        X = _as_table(X)
         X = _validate_data(self, X, reset=False, skip_check_array=True)
         X_test = self.X_encoder_.transform(X)[:, self.feature_mask_]
         if X_test.shape[0] < 1:
@@ -362,15 +365,30 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
             average = average / average.sum(axis=-1, keepdims=True)
         return average / average.sum(axis=1, keepdims=True)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = True  # NaN cells are imputed with the training means
+        return tags
+
     def predict(self, X) -> np.ndarray:
         """Most probable class of each row, in the label space of ``y``."""
         proba = self.predict_proba(X)
         return self.y_encoder_.inverse_transform(np.argmax(proba, axis=1))
 
 
-def _reject_1d(X) -> None:
+def _as_table(X):
+    """A DataFrame as it is, any other array-like as a NumPy array; sparse and 1-D input
+    are refused."""
+    if scipy.sparse.issparse(X):
+        raise TypeError(
+            "TabICLClassifier: sparse input is not supported (TabICL reads every cell); "
+            "pass a dense array, e.g. X.toarray()"
+        )
+    if not hasattr(X, "columns"):  # not a DataFrame: lists, array-likes, object arrays
+        X = np.asarray(X)
     if isinstance(X, np.ndarray) and X.ndim == 1:
         raise ValueError("The provided input X is one-dimensional. Reshape your data.")
+    return X
 
 
 def _num_rows(X) -> int:

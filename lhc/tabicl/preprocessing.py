@@ -106,8 +106,8 @@ class FeatureEncoder:
     def _as_float_array(X) -> np.ndarray:
         try:
             X = np.asarray(X, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
+        except (TypeError, ValueError) as err:  # the same type: a dict cell is a TypeError
+            raise type(err)(
                 f"X must be numeric (pass a pandas DataFrame for categorical columns): {err}"
             ) from err
         if X.ndim != 2:
