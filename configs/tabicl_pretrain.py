@@ -23,7 +23,7 @@ is rounded down to a multiple of ``prior.train_size_multiple`` to bound recompil
 import ml_collections
 
 from lhc.tabicl import prior as prior_lib
-from lhc.tabicl.model import TabICLConfig
+from lhc.tabicl.config import TabICLConfig
 from lhc.train.config import base_config, parse_arg
 
 

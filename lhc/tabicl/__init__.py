@@ -16,8 +16,9 @@ from lhc.tabicl.checkpoint import (
     state_dict_to_params,
 )
 from lhc.tabicl.classifier import TabICLClassifier
+from lhc.tabicl.config import TabICLConfig
 from lhc.tabicl.inference import plan_chunks, predict_logits
-from lhc.tabicl.model import TabICL, TabICLConfig, abstract_params, init_params
+from lhc.tabicl.model import TabICL, abstract_params, init_params
 from lhc.tabicl.prior import (
     LABEL_PAD,
     CurriculumStage,

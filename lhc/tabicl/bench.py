@@ -180,7 +180,7 @@ def _save_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
     from tabicl import TabICL
 
     from lhc.tabicl.checkpoint import convert_to_orbax
-    from lhc.tabicl.model import TabICLConfig
+    from lhc.tabicl.config import TabICLConfig
 
     tiny_sizes = dict(
         embed_dim=32,

@@ -29,7 +29,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from lhc.tabicl.model import TabICLConfig, abstract_params
+from lhc.tabicl.config import TabICLConfig
+from lhc.tabicl.model import abstract_params
 
 ORBAX_CONFIG_FILE = "tabicl_config.json"
 ORBAX_PARAMS_DIR = "params"

@@ -32,7 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES, batch_sharding
-from lhc.tabicl.model import SKIP_VALUE, AttentionBlock, TabICL, TabICLConfig, icl_block
+from lhc.tabicl.config import SKIP_VALUE, TabICLConfig
+from lhc.tabicl.layers import AttentionBlock
+from lhc.tabicl.model import TabICL
+from lhc.tabicl.stages import icl_block
 
 DEFAULT_MEMORY_BUDGET_MB = 512
 # The reference's class hierarchy always uses this temperature inside the tree.

@@ -24,7 +24,8 @@ import numpy as np
 from lhc.data.iterators import IndexedIterator
 from lhc.parallel import global_batch
 from lhc.tabicl import prior as prior_lib
-from lhc.tabicl.model import TabICL, TabICLConfig
+from lhc.tabicl.config import TabICLConfig
+from lhc.tabicl.model import TabICL
 from lhc.train.tasks import Task, register_task
 
 _EVAL_SEED_OFFSET = 7_919_113  # a data stream disjoint from training

@@ -10,7 +10,7 @@ import pytest
 
 from lhc.tabicl import TabICLConfig, abstract_params
 from lhc.tabicl.inference import bucket_size, class_groups, plan_chunks
-from lhc.tabicl.model import apply_rope, dot_product_attention, rope_tables
+from lhc.tabicl.layers import interleaved_rope_tables, key_masked_attention, rotate_interleaved
 
 
 def test_default_config_has_the_papers_parameter_count():
@@ -60,8 +60,8 @@ def test_rope_is_a_complex_rotation_of_neighbouring_pairs():
     rng = np.random.default_rng(0)
     seq, heads, head_dim, base = 7, 3, 8, 100000.0
     x = rng.normal(size=(2, heads, seq, head_dim)).astype(np.float32)
-    cos, sin = rope_tables(seq, head_dim, base)
-    got = np.asarray(apply_rope(jnp.asarray(x), cos, sin))
+    cos, sin = interleaved_rope_tables(seq, head_dim, base)
+    got = np.asarray(rotate_interleaved(jnp.asarray(x), cos, sin))
     pairs = x[..., 0::2] + 1j * x[..., 1::2]
     angles = np.arange(seq)[:, None] * base ** (-np.arange(0, head_dim, 2) / head_dim)
     rotated = pairs * np.exp(1j * angles)[None, None, :, :]
@@ -89,14 +89,14 @@ def test_attention_with_key_mask_matches_numpy():
     k = rng.normal(size=(2, 3, 6, 4)).astype(np.float32)
     v = rng.normal(size=(2, 3, 6, 4)).astype(np.float32)
     key_mask = np.array([[1, 1, 0, 1, 0, 1], [0, 0, 0, 0, 1, 0]], bool)
-    got = dot_product_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), key_mask)
+    got = key_masked_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), key_mask)
     np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, k, v, key_mask), atol=1e-5)
 
 
 def test_attention_with_no_visible_key_stays_finite():
     q = jnp.ones((1, 1, 2, 4))
     k = v = jnp.ones((1, 1, 3, 4))
-    out = dot_product_attention(q, k, v, jnp.zeros((1, 3), bool))
+    out = key_masked_attention(q, k, v, jnp.zeros((1, 3), bool))
     assert np.all(np.isfinite(np.asarray(out)))
 
 
