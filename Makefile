@@ -26,7 +26,7 @@ demo: $(VENV)/.runtime-stamp
 	$(BIN)/lhc demo
 
 test: $(VENV)/.test-stamp
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 lint: $(VENV)/.test-stamp
 	$(BIN)/ruff check lhc kernels_pallas configs tests

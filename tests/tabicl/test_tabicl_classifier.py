@@ -217,15 +217,28 @@ def _failed_checks(estimator) -> dict[str, str]:
     return {r["check_name"]: str(r["exception"]) for r in results if r["status"] == "failed"}
 
 
+def _reference_fails(check_name: str, estimator) -> bool:
+    from sklearn.utils import estimator_checks
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            getattr(estimator_checks, check_name)(type(estimator).__name__, estimator)
+    except Exception:  # noqa: BLE001 - any failure of the check counts
+        return True
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.parity
 def test_scikit_learn_estimator_checks_pass_where_the_reference_passes(small_ckpt):
-    """scikit-learn's own estimator suite: lhc fails no check that tabicl 0.1.4 passes
-    with the same weights (both fail ``check_classifiers_train``, whose accuracy bar a
-    random checkpoint does not reach)."""
+    """scikit-learn's own estimator suite: every check lhc fails, tabicl 0.1.4 fails too
+    with the same weights (``check_classifiers_train``, whose accuracy bar a random
+    checkpoint does not reach)."""
     ours = _failed_checks(TabICLClassifier(model_path=small_ckpt, n_estimators=2))
-    theirs = _failed_checks(_reference_classifier(small_ckpt, n_estimators=2))
-    assert set(ours) <= set(theirs), {name: ours[name] for name in set(ours) - set(theirs)}
+    reference = _reference_classifier(small_ckpt, n_estimators=2)
+    only_ours = {name: ours[name] for name in ours if not _reference_fails(name, reference)}
+    assert not only_ours
     assert TabICLClassifier().__sklearn_tags__().input_tags.allow_nan  # NaN is imputed
     with pytest.raises(TypeError, match="sparse input is not supported"):
         TabICLClassifier(model_path=small_ckpt).fit(
