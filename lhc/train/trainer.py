@@ -189,8 +189,9 @@ def _check_before_save(pending: list, state: State, step: int) -> None:
         )
 
 
-def _close_all(*closers) -> None:
-    """Calls every closer, even if one raises; re-raises the first error afterwards."""
+def _close_all(*closers, raise_errors: bool = True) -> None:
+    """Calls every closer, even if one raises; re-raises the first error afterwards
+    (unless ``raise_errors`` is False: an error is already on its way out)."""
     first = None
     for close in closers:
         try:
@@ -198,7 +199,7 @@ def _close_all(*closers) -> None:
         except BaseException as error:  # noqa: BLE001 - each resource gets its close
             log.exception("error while closing the run")
             first = first or error
-    if first is not None:
+    if first is not None and raise_errors:
         raise first
 
 
@@ -256,8 +257,10 @@ def train_and_evaluate(
         )
         closers.insert(0, progress.close)
         summary = _loop(exp, state, data, checkpointer, writer, progress, start_step)
-    finally:
-        _close_all(*closers)
+    except BaseException:
+        _close_all(*closers, raise_errors=False)  # the loop's error is the one to see
+        raise
+    _close_all(*closers)
     return summary
 
 
