@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a small network instead of the default config (smoke tests)",
     )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="also time lhc's three jitted stages inside the timed call (column summaries "
+        "of the training rows, row embedding, ICL), each waited for before the next",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON file for the results")
     parser.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
@@ -157,8 +163,13 @@ def _worker(args) -> None:
         start = time.perf_counter()
         clf.predict_proba(X_test)
         first_s = time.perf_counter() - start
+    stages = _StageTimers() if args.stages and args.worker == "lhc" else None
     start = time.perf_counter()
-    proba = clf.predict_proba(X_test)
+    if stages is None:
+        proba = clf.predict_proba(X_test)
+    else:
+        with stages:
+            proba = clf.predict_proba(X_test)
     predict_s = time.perf_counter() - start
     np.save(args.result + ".npy", proba)
     result = dict(
@@ -170,8 +181,42 @@ def _worker(args) -> None:
         accuracy=float(np.mean(np.argmax(proba, 1) == y_test)),
         torch_imported="torch" in sys.modules,
     )
+    if stages is not None:
+        result["stages_s"] = dict(stages.seconds)
     with open(args.result, "w") as f:
         json.dump(result, f)
+
+
+class _StageTimers:
+    """Wall time of each jitted inference stage, waiting for its result (host: the rest)."""
+
+    STAGES = ("train_summaries", "embed_rows", "icl_logits")
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+
+    def __enter__(self):
+        import jax
+
+        from lhc.tabicl import inference
+
+        self._saved = {name: getattr(inference, name) for name in self.STAGES}
+        for name, fn in self._saved.items():
+
+            def timed(*args, _fn=fn, _name=name, **kwargs):
+                start = time.perf_counter()
+                out = jax.block_until_ready(_fn(*args, **kwargs))
+                self.seconds[_name] += time.perf_counter() - start
+                return out
+
+            setattr(inference, name, timed)
+        return self
+
+    def __exit__(self, *exc):
+        from lhc.tabicl import inference
+
+        for name, fn in self._saved.items():
+            setattr(inference, name, fn)
 
 
 def _save_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
@@ -284,7 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
                         str(args.memory_limit_gb),
                         "--result",
                         str(result_file),
-                    ]
+                    ] + (["--stages"] if args.stages else [])
                     start = time.perf_counter()
                     try:
                         proc = subprocess.run(
@@ -328,6 +373,15 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print()
     print(_format_table(rows))
+    for row in rows:
+        stages = row.get("lhc", {}).get("stages_s")
+        if stages:
+            rest = row["lhc"]["predict_s"] - sum(stages.values())
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
+            print(
+                f"lhc stages at {row['n_train']} rows x {row['n_estimators']}: {parts}, "
+                f"rest {rest:.2f} s"
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
     return results

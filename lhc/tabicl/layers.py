@@ -113,10 +113,11 @@ def key_masked_attention(
     Returns:
         ``[..., n, Q, h]`` in the dtype of ``value``.
     """
-    scale = 1.0 / math.sqrt(query.shape[-1])
+    # The scale goes on the queries (Q x h) rather than the scores (Q x K): XLA's CPU
+    # backend otherwise materialises a broadcast of it as large as the scores.
+    query = query * jnp.asarray(1.0 / math.sqrt(query.shape[-1]), query.dtype)
     # Heads lead the query/key axes: XLA's CPU dots run about twice as fast this way.
     scores = jnp.einsum("...nqh,...nkh->...nqk", query, key, preferred_element_type=jnp.float32)
-    scores = scores * scale
     if key_mask is not None:
         scores = jnp.where(key_mask[..., None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
@@ -332,11 +333,16 @@ class AttentionBlock(nn.Module):
         rope: tuple[jax.Array, jax.Array] | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        """Block output for the queries ``q: [..., Q, E]`` -> ``[..., Q, E]``."""
+        """Block output for the queries ``q: [..., Q, E]`` -> ``[..., Q, E]``.
+
+        With ``rope`` (tables for the K key positions), the queries are the first Q of
+        those positions.
+        """
         x = self.norm1(q) if self.norm_first else q
         query = self.attn.query(x)
         if rope is not None:
-            query = rotate_interleaved(query, *rope)
+            num_queries = q.shape[-2]
+            query = rotate_interleaved(query, rope[0][:num_queries], rope[1][:num_queries])
         attended = self.attn(query, key, value, key_mask, deterministic)
         attended = self.dropout_attn(attended, deterministic=deterministic)
         if self.norm_first:
@@ -353,7 +359,10 @@ class AttentionBlock(nn.Module):
         rope: tuple[jax.Array, jax.Array] | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        """``q: [..., Q, E]`` attends to ``kv: [..., K, E]`` (itself when None)."""
+        """``q: [..., Q, E]`` attends to ``kv: [..., K, E]`` (itself when None).
+
+        ``rope`` holds the tables of the K key positions; the queries take the first Q.
+        """
         key, value = self.key_value(q if kv is None else kv, rope)
         return self.attend(q, key, value, key_mask, rope, deterministic)
 

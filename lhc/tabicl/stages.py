@@ -185,9 +185,12 @@ class RowInteraction(nn.Module):
             feature_mask = jnp.broadcast_to(feature_mask, lead + embeddings.shape[-2:-1])
             key_mask = jnp.concatenate([jnp.ones((*lead, num_cls), bool), feature_mask], -1)
         rope = interleaved_rope_tables(x.shape[-2], width // cfg.row_nhead, cfg.row_rope_base)
-        for block in self.blocks:
-            x = block(x, None, key_mask, rope, deterministic)
-        out = x[..., :num_cls, :]
+        last = len(self.blocks) - 1
+        for index, block in enumerate(self.blocks):
+            # Only the CLS outputs of the last block are read: only they are computed.
+            queries = x if index < last else x[..., :num_cls, :]
+            x = block(queries, x, key_mask, rope, deterministic)
+        out = x
         if cfg.norm_first:
             out = self.out_ln(out)
         return out.reshape(*lead, num_cls * width)

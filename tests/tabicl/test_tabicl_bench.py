@@ -29,6 +29,7 @@ def test_bench_runs_both_implementations(tmp_path, capsys):
             "--tiny-model",
             "--warmup",
             "1",
+            "--stages",
             "--out",
             str(out),
         ]
@@ -42,8 +43,15 @@ def test_bench_runs_both_implementations(tmp_path, capsys):
     # One member, no shuffles or offsets differ: the same probabilities.
     assert row["max_abs_proba_diff"] < 1e-4
     assert row["time_ratio"] > 0 and row["memory_ratio"] > 0
+    # --stages times lhc's three jitted stages inside its timed call.
+    stages = row["lhc"]["stages_s"]
+    assert set(stages) == {"train_summaries", "embed_rows", "icl_logits"}
+    assert all(t > 0 for t in stages.values())
+    assert sum(stages.values()) <= row["lhc"]["predict_s"]
+    assert "stages_s" not in row["reference"]
     assert json.loads(out.read_text())["rows"][0]["n_train"] == 40
-    assert "ref/lhc" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ref/lhc" in printed and "lhc stages at 40 rows x 1: train_summaries" in printed
 
 
 def test_table_tells_a_skipped_implementation_from_a_failed_one():

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from lhc.tabicl import TabICLConfig, abstract_params
-from lhc.tabicl.inference import bucket_size, class_groups, plan_chunks
+from lhc.tabicl.inference import (
+    CACHE_BUDGET_MB,
+    MIN_QUERY_CHUNK,
+    bucket_size,
+    class_groups,
+    plan_chunks,
+)
 from lhc.tabicl.layers import interleaved_rope_tables, key_masked_attention, rotate_interleaved
 
 
@@ -138,6 +144,13 @@ def test_chunk_plan_shrinks_with_the_budget_and_the_problem():
     assert small.query_chunk < short.query_chunk
     # One ICL query chunk's scores+probs: 2 * B * heads * chunk * N floats within budget.
     assert 2 * 4 * config.icl_nhead * small.query_chunk * 50_000 * 4 <= 64 * 2**20
+    # Beyond the CPU cache size the memory budget only grows the rows of a call; the
+    # query chunk keeps MIN_QUERY_CHUNK rows while the memory budget allows.
+    cache = plan_chunks(config, num_train=1_000, memory_budget_mb=CACHE_BUDGET_MB, **kw)
+    wide = plan_chunks(config, num_train=1_000, memory_budget_mb=4096, **kw)
+    assert (wide.col_chunk, wide.row_chunk) == (cache.col_chunk, cache.row_chunk)
+    assert wide.query_chunk == max(cache.query_chunk, MIN_QUERY_CHUNK)
+    assert wide.test_chunk > cache.test_chunk
 
 
 def _random_params(config, seed=0):
