@@ -153,21 +153,27 @@ class _KVWriter:
     key_positions: jax.Array  # int32 [B, S], slot positions after this call
 
     def read(self, layers, layer, keys, values):
-        stored_keys, stored_values = layers
-        return KVView(
-            keys=_layer_view(stored_keys, layer),
-            values=_layer_view(stored_values, layer),
-            positions=self.positions,
-            new_keys=keys,
-            new_values=values,
-            new_positions=self.new_positions,
-        )
+        return _read_before_write(self, layers, layer, keys, values)
 
     def write(self, layers, layer, keys, values, *, after):
         return tuple(
             _put(store, layer, self.slots, after_(new, after))
             for store, new in zip(layers, (keys, values))
         )
+
+
+def _read_before_write(writer, layers, layer, keys, values) -> KVView:
+    """What attention sees through a slot writer: layer ``layer``'s stored keys and
+    values as they were before this call (``writer.positions``) and the call's own."""
+    stored_keys, stored_values = layers
+    return KVView(
+        keys=_layer_view(stored_keys, layer),
+        values=_layer_view(stored_values, layer),
+        positions=writer.positions,
+        new_keys=keys,
+        new_values=values,
+        new_positions=writer.new_positions,
+    )
 
 
 def _put(store, layer, slots: jax.Array, update: jax.Array):
@@ -377,15 +383,7 @@ class _RingWriter:
     ring_positions: jax.Array  # int32 [B, S], slot positions after this call
 
     def read(self, layers, layer, keys, values):
-        stored_keys, stored_values = layers
-        return KVView(
-            keys=_layer_view(stored_keys, layer),
-            values=_layer_view(stored_values, layer),
-            positions=self.positions,
-            new_keys=keys,
-            new_values=values,
-            new_positions=self.new_positions,
-        )
+        return _read_before_write(self, layers, layer, keys, values)
 
     def write(self, layers, layer, keys, values, *, after):
         kept = self.slots.shape[1]
