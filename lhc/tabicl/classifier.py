@@ -93,8 +93,10 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         verbose: print what happens.
         mesh: a ``jax.sharding.Mesh``; ensemble members of a call are sharded over its
             batch axes (``data``, ``fsdp``) and parameters replicated.
-        memory_budget_mb: target size of the per-chunk working sets of inference (rows,
-            columns and query rows are processed in chunks that fit it).
+        memory_budget_mb: bound on the per-chunk working sets of inference (rows,
+            columns and query rows are processed in chunks that fit it; chunks also stay
+            near a CPU cache's size, ``lhc.tabicl.inference.CACHE_BUDGET_MB``) and the
+            size of the rows one network call takes.
 
     The reference's ``device``, ``n_jobs`` and ``inference_config`` do not apply: JAX
     places work by ``mesh`` (default device otherwise) and chunking replaces the

@@ -451,7 +451,7 @@ def predict_logits(
             Above ``max_classes`` classes the logits are
             ``softmax_temperature * log(p + 1e-6)`` of the hierarchy's probabilities p.
         batch_size: members per network call (None: all).
-        memory_budget_mb: target size of per-chunk working sets.
+        memory_budget_mb: bound on per-chunk working sets (see ``plan_chunks``).
         mesh: shard the members of a call over the mesh's batch axes (``act_batch``);
             the member batch is padded to a multiple of their size.
 
