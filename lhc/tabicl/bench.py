@@ -83,8 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stages",
         action="store_true",
-        help="also time lhc's three jitted stages inside the timed call (column summaries "
-        "of the training rows, row embedding, ICL), each waited for before the next",
+        help="also time lhc's jitted stages inside the timed call (column summaries of "
+        "the training rows, row embedding from kept training cells, row embedding, ICL), "
+        "each waited for before the next",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="JSON file for the results")
@@ -190,7 +191,7 @@ def _worker(args) -> None:
 class _StageTimers:
     """Wall time of each jitted inference stage, waiting for its result (host: the rest)."""
 
-    STAGES = ("train_summaries", "embed_rows", "icl_logits")
+    STAGES = ("train_summaries", "embed_cells", "embed_rows", "icl_logits")
 
     def __init__(self):
         self.seconds = dict.fromkeys(self.STAGES, 0.0)

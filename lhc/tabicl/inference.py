@@ -67,12 +67,16 @@ class ChunkPlan:
         row_chunk: rows per step of the row embedding.
         query_chunk: query rows per step of an ICL block.
         test_chunk: test rows per call (the training rows are recomputed per call).
+        keep_train_cells: keep the training cells' column embeddings from the summary
+            pass (``[G, H, N, E]`` floats within the memory budget) instead of running
+            the column stage on the training rows a second time.
     """
 
     col_chunk: int
     row_chunk: int
     query_chunk: int
     test_chunk: int
+    keep_train_cells: bool = False
 
 
 def _floor_pow2(n: float, lo: int, hi: int) -> int:
@@ -120,32 +124,39 @@ def plan_chunks(
     # Beyond that, the [B, rows, D] residual stream of a call stays within the budget.
     rows = budget / (num_members * icl_width)
     test_chunk = bucket_size(int(min(max(rows, num_train, 256), 1 << 22)))
-    return ChunkPlan(col_chunk, row_chunk, query_chunk, test_chunk)
+    keep_train_cells = num_tables * num_features * num_train * width <= budget
+    return ChunkPlan(col_chunk, row_chunk, query_chunk, test_chunk, keep_train_cells)
 
 
 # ----------------------------------------------------------------------------- kernels
 
 
-def _map_chunks(fn, x: jax.Array, chunk: int, axis: int) -> jax.Array:
+def _map_chunks(fn, x: jax.Array, chunk: int, axis: int):
     """``fn`` over chunks of ``chunk`` entries of ``x`` along ``axis``, one after another.
 
-    ``fn`` must keep ``axis`` as the chunk axis of its (single-array) output. Chunks are
-    read and written in place inside a loop (no padded or transposed copies of ``x``);
-    the last chunk is shifted back to end at the last entry, so a few entries are
-    computed twice, to the same values.
+    ``fn`` must keep ``axis`` as the chunk axis of every array it returns (an array or a
+    tuple of arrays). Chunks are read and written in place inside a loop (no padded or
+    transposed copies of ``x``); the last chunk is shifted back to end at the last entry,
+    so a few entries are computed twice, to the same values.
     """
     size = x.shape[axis]
     if size <= chunk:
         return fn(x)
-    piece = jax.eval_shape(fn, jax.lax.slice_in_dim(x, 0, chunk, axis=axis))
-    out_shape = (*piece.shape[:axis], size, *piece.shape[axis + 1 :])
+    pieces = jax.eval_shape(fn, jax.lax.slice_in_dim(x, 0, chunk, axis=axis))
+    outs = jax.tree.map(
+        lambda p: jnp.zeros((*p.shape[:axis], size, *p.shape[axis + 1 :]), p.dtype), pieces
+    )
 
-    def body(index, out):
+    def body(index, outs):
         start = jnp.minimum(index * chunk, size - chunk)
-        part = fn(jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=axis))
-        return jax.lax.dynamic_update_slice_in_dim(out, part, start, axis=axis)
+        parts = fn(jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=axis))
+        return jax.tree.map(
+            lambda out, part: jax.lax.dynamic_update_slice_in_dim(out, part, start, axis=axis),
+            outs,
+            parts,
+        )
 
-    return jax.lax.fori_loop(0, -(-size // chunk), body, jnp.zeros(out_shape, piece.dtype))
+    return jax.lax.fori_loop(0, -(-size // chunk), body, outs)
 
 
 def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
@@ -157,25 +168,49 @@ def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("model", "col_chunk"))
 def train_summaries(
-    model: TabICL, params, x_train_cols: jax.Array, train_mask: jax.Array, *, col_chunk: int
-) -> jax.Array:
+    model: TabICL,
+    params,
+    x_train_cols: jax.Array,
+    train_mask: jax.Array,
+    col_skip: jax.Array | None = None,
+    *,
+    col_chunk: int,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Column-stage summaries of the training rows.
 
     Args:
         x_train_cols: ``[G, H, N]`` training cells of every column of G base tables.
         train_mask: bool ``[N]``, False for padded training rows.
+        col_skip: bool ``[G, H]``; given, the training cells' embeddings come back too.
 
     Returns:
-        ``[G, H, L, I, E]``.
+        ``[G, H, L, I, E]``; with ``col_skip``, also the cell embeddings ``[G, N, H, E]``
+        (rows first, as ``embed_cells`` takes them).
     """
     num_tables, num_features, num_train = x_train_cols.shape
     flat = x_train_cols.reshape(num_tables * num_features, num_train)
+    with_cells = col_skip is not None
+    flat_skip = col_skip.reshape(-1) if with_cells else None
 
     def step(cols):
         return model.apply({"params": params}, cols, train_mask, method=TabICL.train_summaries)
 
-    out = _map_chunks(step, flat, col_chunk, axis=0)
-    return out.reshape(num_tables, num_features, *out.shape[1:])
+    def step_with_cells(indices):
+        return model.apply(
+            {"params": params},
+            flat[indices],
+            train_mask,
+            flat_skip[indices],
+            method=TabICL.train_summaries,
+        )
+
+    if not with_cells:
+        out = _map_chunks(step, flat, col_chunk, axis=0)
+        return out.reshape(num_tables, num_features, *out.shape[1:])
+    indices = jnp.arange(num_tables * num_features)
+    out, cells = _map_chunks(step_with_cells, indices, col_chunk, axis=0)
+    cells = cells.reshape(num_tables, num_features, *cells.shape[1:])
+    return out.reshape(num_tables, num_features, *out.shape[1:]), jnp.swapaxes(cells, 1, 2)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "row_chunk", "member_sharding"))
@@ -208,6 +243,34 @@ def embed_rows(
         return _constrain(out, member_sharding)
 
     return _constrain(_map_chunks(step, x_rows, row_chunk, axis=1), member_sharding)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "row_chunk", "member_sharding"))
+def embed_cells(
+    model: TabICL,
+    params,
+    cells: jax.Array,
+    member_table: jax.Array,
+    member_perm: jax.Array,
+    feature_mask: jax.Array,
+    *,
+    row_chunk: int,
+    member_sharding: NamedSharding | None = None,
+) -> jax.Array:
+    """Row representations ``[B, R, D]`` from cell embeddings ``cells: [G, R, H, E]``."""
+
+    def step(rows):
+        out = model.apply(
+            {"params": params},
+            jnp.swapaxes(rows, 1, 2),
+            member_table,
+            member_perm,
+            feature_mask,
+            method=TabICL.embed_cells,
+        )
+        return _constrain(out, member_sharding)
+
+    return _constrain(_map_chunks(step, cells, row_chunk, axis=1), member_sharding)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "query_chunk", "member_sharding"))
@@ -347,15 +410,16 @@ class _Tables:
     def num_test(self) -> int:
         return self.table.shape[1] - self.train_pad
 
-    def rows(self, test_start: int, test_stop: int) -> np.ndarray:
-        """``[G, N_pad + bucket(count), H_pad]``: all training rows, then some test rows."""
+    def rows(self, test_start: int, test_stop: int, *, with_train: bool = True) -> np.ndarray:
+        """``[G, N_pad + bucket(count), H_pad]``: all training rows, then some test rows
+        (``[G, bucket(count), H_pad]``, the test rows alone, without ``with_train``)."""
         count = test_stop - test_start
+        first = self.train_pad if with_train else 0
         rows = np.zeros(
-            (self.table.shape[0], self.train_pad + bucket_size(count), self.table.shape[2]),
-            np.float32,
+            (self.table.shape[0], first + bucket_size(count), self.table.shape[2]), np.float32
         )
-        rows[:, : self.train_pad] = self.table[:, : self.train_pad]
-        rows[:, self.train_pad : self.train_pad + count] = self.table[
+        rows[:, :first] = self.table[:, :first]
+        rows[:, first : first + count] = self.table[
             :, self.train_pad + test_start : self.train_pad + test_stop
         ]
         return rows
@@ -489,8 +553,10 @@ def predict_logits(
         params,
         jnp.asarray(np.swapaxes(tables.table[:, : tables.train_pad], 1, 2)),
         jnp.asarray(np.arange(tables.train_pad) < tables.num_train),
+        jnp.asarray(tables.col_skip) if plan.keep_train_cells else None,
         col_chunk=plan.col_chunk,
     )
+    # With kept training cells, ``summaries`` is (summaries, cells).
     outputs = []
     for start in range(0, num_members, batch_size):
         members = np.arange(start, min(start + batch_size, num_members))
@@ -532,6 +598,21 @@ def _predict_members(
     y_pad = put(tables.y_pad[padded])
     train_mask = jnp.asarray(np.arange(tables.train_pad) < tables.num_train)
     hierarchical = tables.num_classes > model.config.max_classes
+    feature_mask = jnp.asarray(tables.feature_mask)
+    train_representations = None
+    if plan.keep_train_cells:
+        # The training rows embed once, from the cells kept by the summary pass.
+        summaries, train_cells = summaries
+        train_representations = embed_cells(
+            model,
+            params,
+            train_cells,
+            member_table,
+            member_perm,
+            feature_mask,
+            row_chunk=plan.row_chunk,
+            member_sharding=member_sharding,
+        )
     chunks = []
     for test_start in range(0, tables.num_test, plan.test_chunk):
         test_stop = min(test_start + plan.test_chunk, tables.num_test)
@@ -539,15 +620,17 @@ def _predict_members(
         representations = embed_rows(
             model,
             params,
-            jnp.asarray(tables.rows(test_start, test_stop)),
+            jnp.asarray(tables.rows(test_start, test_stop, with_train=not plan.keep_train_cells)),
             summaries,
             jnp.asarray(tables.col_skip),
             member_table,
             member_perm,
-            jnp.asarray(tables.feature_mask),
+            feature_mask,
             row_chunk=plan.row_chunk,
             member_sharding=member_sharding,
         )
+        if train_representations is not None:
+            representations = jnp.concatenate([train_representations, representations], axis=1)
         if not hierarchical:
             logits = icl_logits(
                 model,

@@ -163,9 +163,15 @@ class TabICL(nn.Module):
 
     # -- pieces of the chunked inference ------------------------------------------------
 
-    def train_summaries(self, x_train_cols: jax.Array, train_mask: jax.Array) -> jax.Array:
-        """Column-stage summaries: ``x_train_cols: [..., N]`` -> ``[..., L, I, E]``."""
-        return self.col_embedder.summaries(x_train_cols, train_mask)
+    def train_summaries(
+        self, x_train_cols: jax.Array, train_mask: jax.Array, col_skip: jax.Array | None = None
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """Column-stage summaries: ``x_train_cols: [..., N]`` -> ``[..., L, I, E]``.
+
+        With ``col_skip`` (bool ``[...]``), also the training cells' embeddings
+        ``[..., N, E]`` (see ``ColumnEmbedding.summaries``).
+        """
+        return self.col_embedder.summaries(x_train_cols, train_mask, col_skip)
 
     def embed_rows(
         self,
@@ -196,6 +202,16 @@ class TabICL(nn.Module):
         """
         x_cols = jnp.swapaxes(x_rows, -1, -2)
         embeddings = self.col_embedder.embed(x_cols, summaries, col_skip)  # [G, H, R, E]
+        return self.embed_cells(embeddings, member_table, member_perm, feature_mask)
+
+    def embed_cells(
+        self,
+        embeddings: jax.Array,
+        member_table: jax.Array,
+        member_perm: jax.Array,
+        feature_mask: jax.Array,
+    ) -> jax.Array:
+        """Row stage of ``embed_rows`` from cell embeddings ``[G, H, R, E]`` -> ``[B, R, D]``."""
         embeddings = embeddings[member_table]
         embeddings = jnp.take_along_axis(embeddings, member_perm[:, :, None, None], axis=1)
         embeddings = jnp.swapaxes(embeddings, 1, 2)  # [B, R, H, E]

@@ -82,24 +82,37 @@ class ColumnEmbedding(nn.Module):
             src = block.distribute(src, summary, deterministic)
         return self._finish(x_cols, src, col_skip)
 
-    def summaries(self, x_train_cols: jax.Array, train_mask: jax.Array | None = None) -> jax.Array:
+    def summaries(
+        self,
+        x_train_cols: jax.Array,
+        train_mask: jax.Array | None = None,
+        col_skip: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """Inducing summaries of every block from the training rows alone.
 
         Args:
             x_train_cols: ``[..., N]`` training cells of columns.
             train_mask: bool broadcastable to ``[..., N]``.
+            col_skip: bool ``[...]`` as in ``embed``; given, the training cells'
+                embeddings come back too (what ``embed`` would give for these rows).
 
         Returns:
             ``[..., L, I, E]``: what block l's rows attend to; with it, any row of the
-            column embeds without the other rows (``embed``).
+            column embeds without the other rows (``embed``). With ``col_skip``, also
+            the ``[..., N, E]`` embeddings of the training cells.
         """
         src = self.in_linear(x_train_cols[..., None])
         summaries = []
-        for block in self.blocks:
+        last = len(self.blocks) - 1
+        for index, block in enumerate(self.blocks):
             summary = block.induce(src, train_mask)
             summaries.append(summary)
-            src = block.distribute(src, summary)
-        return jnp.stack(summaries, axis=-3)
+            if index < last or col_skip is not None:
+                src = block.distribute(src, summary)
+        summaries = jnp.stack(summaries, axis=-3)
+        if col_skip is None:
+            return summaries
+        return summaries, self._finish(x_train_cols, src, col_skip)
 
     def embed(self, x_cols: jax.Array, summaries: jax.Array, col_skip: jax.Array) -> jax.Array:
         """Embeds some rows of columns given their summaries.

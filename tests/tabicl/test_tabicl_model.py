@@ -151,6 +151,8 @@ def test_chunk_plan_shrinks_with_the_budget_and_the_problem():
     assert (wide.col_chunk, wide.row_chunk) == (cache.col_chunk, cache.row_chunk)
     assert wide.query_chunk == max(cache.query_chunk, MIN_QUERY_CHUNK)
     assert wide.test_chunk > cache.test_chunk
+    # The training cells' embeddings ([G, H, N, E] floats) are kept only within budget.
+    assert large.keep_train_cells and not small.keep_train_cells
 
 
 def _random_params(config, seed=0):
