@@ -189,28 +189,20 @@ def train_summaries(
     """
     num_tables, num_features, num_train = x_train_cols.shape
     flat = x_train_cols.reshape(num_tables * num_features, num_train)
-    with_cells = col_skip is not None
-    flat_skip = col_skip.reshape(-1) if with_cells else None
+    flat_skip = None if col_skip is None else col_skip.reshape(-1)
 
-    def step(cols):
-        return model.apply({"params": params}, cols, train_mask, method=TabICL.train_summaries)
-
-    def step_with_cells(indices):
+    def step(columns):  # chunks of column indices, so that cells and skips stay aligned
+        skip = None if flat_skip is None else flat_skip[columns]
         return model.apply(
-            {"params": params},
-            flat[indices],
-            train_mask,
-            flat_skip[indices],
-            method=TabICL.train_summaries,
+            {"params": params}, flat[columns], train_mask, skip, method=TabICL.train_summaries
         )
 
-    if not with_cells:
-        out = _map_chunks(step, flat, col_chunk, axis=0)
-        return out.reshape(num_tables, num_features, *out.shape[1:])
-    indices = jnp.arange(num_tables * num_features)
-    out, cells = _map_chunks(step_with_cells, indices, col_chunk, axis=0)
-    cells = cells.reshape(num_tables, num_features, *cells.shape[1:])
-    return out.reshape(num_tables, num_features, *out.shape[1:]), jnp.swapaxes(cells, 1, 2)
+    out = _map_chunks(step, jnp.arange(num_tables * num_features), col_chunk, axis=0)
+    unflat = lambda a: a.reshape(num_tables, num_features, *a.shape[1:])  # noqa: E731
+    if flat_skip is None:
+        return unflat(out)
+    summaries, cells = out
+    return unflat(summaries), jnp.swapaxes(unflat(cells), 1, 2)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "row_chunk", "member_sharding"))
