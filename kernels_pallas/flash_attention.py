@@ -54,27 +54,22 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-# A finite stand-in for -inf in the running max: `exp(mask - real max)` underflows to 0
-# without the inf - inf = NaN that a true -inf start gives for rows masked so far.
-DEFAULT_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-# TPU vreg tile: row statistics and query positions are broadcast along the 128 lanes,
-# key positions along the 8 sublanes, so every block keeps a tileable (8, 128) shape.
-NUM_LANES = 128
-NUM_SUBLANES = 8
-# Triton's tl.dot needs every matmul dimension to be at least 16.
-MIN_TRITON_DOT_DIM = 16
+from kernels_pallas._common import (
+    DEFAULT_MASK_VALUE,
+    IMPLEMENTATIONS,
+    MIN_TRITON_DOT_DIM,
+    NUM_LANES,
+    NUM_SUBLANES,
+    resolve_backend,
+)
+from kernels_pallas._common import NN as _NN
+from kernels_pallas._common import NT as _NT
+from kernels_pallas._common import TN as _TN
+from kernels_pallas._common import matmul as _matmul
+
 # Block statistics for blocks without a valid position: min = this, max = -1, so such a
 # block never passes `_blocks_may_interact`.
 _NO_POSITION = int(np.iinfo(np.int32).max)
-
-IMPLEMENTATIONS = ("xla", "pallas")
-BACKENDS = ("tpu", "gpu")
-
-# lax.dot_general dimension numbers for 2-D operands: "NT" contracts the last dims of
-# both (q @ k.T), "TN" the first dims of both (p.T @ do), "NN" is a plain matmul.
-_NT = (((1,), (1,)), ((), ()))
-_TN = (((0,), (0,)), ((), ()))
-_NN = (((1,), (0,)), ((), ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +136,8 @@ def flash_attention(
             positions in ``(p - W, p]``.
         impl: ``"xla"`` (chunked plain JAX) or ``"pallas"`` (kernels).
         interpret: run the Pallas kernels in interpret mode (needed on CPU); True or a
-            ``pltpu.InterpretParams`` for the TPU-style kernels.
+            ``pltpu.InterpretParams`` for the TPU-style kernels; None interprets exactly
+            when no backend is named and the default backend is CPU.
         block_sizes: tile sizes; defaults to ``BlockSizes()`` (128 x 128).
         backend: Pallas lowering, ``"tpu"`` (Mosaic) or ``"gpu"`` (Triton). Defaults to the
             default JAX backend, and to the TPU-style kernels on CPU. Naming one explicitly
@@ -165,24 +161,12 @@ def flash_attention(
         raise ValueError(f"window must be None or an int >= 1, got {window=!r}.")
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl=!r}.")
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend=!r}.")
     if block_sizes is None:
         block_sizes = BlockSizes()
     if not isinstance(block_sizes, BlockSizes):
         raise ValueError(f"block_sizes must be a BlockSizes or None, got {block_sizes!r}.")
-
-    if backend is None:
-        platform = jax.default_backend()
-        backend = "gpu" if platform == "gpu" else "tpu"
-        if impl == "pallas" and platform not in ("tpu", "gpu") and not interpret:
-            raise ValueError(
-                f"impl='pallas' on the {platform!r} backend runs only in interpret mode: pass "
-                "interpret=True (or backend='tpu'/'gpu' to lower for that accelerator ahead "
-                "of time)."
-            )
-    if impl == "xla":
-        backend = "xla"  # Only the tiling rules of the chosen implementation matter.
+    # Only the tiling rules of the chosen implementation matter ("xla" for impl="xla").
+    backend, interpret = resolve_backend(impl, backend, interpret)
 
     seq_len_q, seq_len_k = query.shape[1], key.shape[1]
     block_q = _clip_block(block_sizes.block_q, seq_len_q, backend)
@@ -359,20 +343,6 @@ def _forward(query, key, value, query_positions, key_positions, config):
 # --------------------------------------------------------------------------------------
 # Pieces shared by the implementations (not by the reference).
 # --------------------------------------------------------------------------------------
-
-
-def _matmul(lhs, rhs, dimension_numbers):
-    """A 2-D kernel matmul accumulating in float32.
-
-    bfloat16 operands multiply exactly into the float32 accumulator at DEFAULT precision,
-    and Mosaic rejects a float32 precision request for them (as a global
-    jax_default_matmul_precision="highest" would make), so it is pinned; float32 operands
-    follow the global setting.
-    """
-    precision = lax.Precision.DEFAULT if lhs.dtype == jnp.bfloat16 else None
-    return lax.dot_general(
-        lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32
-    )
 
 
 def _probs_and_dscores(q, k, v, d_out, lse, delta, mask, scale):
