@@ -12,6 +12,9 @@ import os
 
 # libtpu is installed for ahead-of-time TPU compilation; never try to open a TPU here.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite runs in parallel workers (pytest-xdist); libtpu otherwise takes a lock file
+# that lets only one process per machine compile for TPU topologies.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import hypothesis  # noqa: E402, F401

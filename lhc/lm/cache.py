@@ -120,7 +120,7 @@ def _check_batch(name: str, lengths: jax.Array, batch_size: int) -> None:
         )
 
 
-def _positions_to_lengths(positions, slot_positions, slot_order, lengths) -> jax.Array:
+def positions_to_lengths(positions, slot_positions, slot_order, lengths) -> jax.Array:
     """Lengths that keep exactly the tokens at positions ``< positions[b]``.
 
     Args:
@@ -153,16 +153,16 @@ class _KVWriter:
     key_positions: jax.Array  # int32 [B, S], slot positions after this call
 
     def read(self, layers, layer, keys, values):
-        return _read_before_write(self, layers, layer, keys, values)
+        return read_before_write(self, layers, layer, keys, values)
 
     def write(self, layers, layer, keys, values, *, after):
         return tuple(
-            _put(store, layer, self.slots, after_(new, after))
+            put_slots(store, layer, self.slots, after_(new, after))
             for store, new in zip(layers, (keys, values))
         )
 
 
-def _read_before_write(writer, layers, layer, keys, values) -> KVView:
+def read_before_write(writer, layers, layer, keys, values) -> KVView:
     """What attention sees through a slot writer: layer ``layer``'s stored keys and
     values as they were before this call (``writer.positions``) and the call's own."""
     stored_keys, stored_values = layers
@@ -176,7 +176,7 @@ def _read_before_write(writer, layers, layer, keys, values) -> KVView:
     )
 
 
-def _put(store, layer, slots: jax.Array, update: jax.Array):
+def put_slots(store, layer, slots: jax.Array, update: jax.Array):
     """Writes ``update`` ``[B, T, K, H]`` into layer ``layer`` of ``store`` at
     ``[b, :, slots[b, t], :]``, in place. Slots past the end are dropped (the model then
     gives NaN logits for that sequence, see ``Cache.can_append``)."""
@@ -208,7 +208,7 @@ def _new_store(config, batch_size: int, slots: int):
     return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
 
 
-def _store_axes(store):
+def store_axes(store):
     if isinstance(store, tuple):
         return tuple(PartitionSpec(*CACHE_LAYER_KV_AXES) for _ in store)
     return PartitionSpec(*CACHE_KV_AXES)
@@ -288,7 +288,7 @@ class KVCache:
         """Forgets every token at a position ``>= positions[b]`` (see the module docstring)."""
         slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
         order = jnp.where(slots < self.lengths[:, None], slots, -1)
-        return self.truncate(_positions_to_lengths(positions, self.positions, order, self.lengths))
+        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
 
     def next_positions(self) -> jax.Array:
         """int32 ``[B]``: one past the largest position stored per sequence (0 if empty)."""
@@ -332,8 +332,8 @@ class KVCache:
     def logical_axes(self) -> KVCache:
         """The cache's logical axis names, as ``PartitionSpec`` leaves."""
         return KVCache(
-            keys=_store_axes(self.keys),
-            values=_store_axes(self.values),
+            keys=store_axes(self.keys),
+            values=store_axes(self.values),
             positions=PartitionSpec(*CACHE_POSITION_AXES),
             lengths=PartitionSpec("cache_batch"),
         )
@@ -383,12 +383,12 @@ class _RingWriter:
     ring_positions: jax.Array  # int32 [B, S], slot positions after this call
 
     def read(self, layers, layer, keys, values):
-        return _read_before_write(self, layers, layer, keys, values)
+        return read_before_write(self, layers, layer, keys, values)
 
     def write(self, layers, layer, keys, values, *, after):
         kept = self.slots.shape[1]
         return tuple(
-            _put(store, layer, self.slots, after_(new[:, -kept:], after))
+            put_slots(store, layer, self.slots, after_(new[:, -kept:], after))
             for store, new in zip(layers, (keys, values))
         )
 
@@ -475,7 +475,7 @@ class SlidingWindowKVCache:
     def truncate_at_position(self, positions: jax.Array | int) -> SlidingWindowKVCache:
         """Forgets every token at a position ``>= positions[b]``."""
         order = jnp.where(self.positions >= 0, self._slot_order(self.lengths), -1)
-        return self.truncate(_positions_to_lengths(positions, self.positions, order, self.lengths))
+        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
 
     def next_positions(self) -> jax.Array:
         return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
@@ -518,8 +518,8 @@ class SlidingWindowKVCache:
 
     def logical_axes(self) -> SlidingWindowKVCache:
         return self.replace(
-            keys=_store_axes(self.keys),
-            values=_store_axes(self.values),
+            keys=store_axes(self.keys),
+            values=store_axes(self.values),
             positions=PartitionSpec(*CACHE_POSITION_AXES),
             lengths=PartitionSpec("cache_batch"),
             complete=PartitionSpec("cache_batch"),

@@ -7,6 +7,7 @@ from lhc.nn.attention import (
     LayerCache,
     LayerWriter,
     after,
+    alibi_slopes,
     attention_impls,
     attention_mask,
     attention_segments,
@@ -38,6 +39,7 @@ __all__ = [
     # Attention functions and kernel dispatch.
     "AttentionImpl",
     "after",
+    "alibi_slopes",
     "attention_segments",
     "attention_impls",
     "attention_mask",

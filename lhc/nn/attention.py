@@ -11,6 +11,10 @@ the same arguments and honours the same mask, which is built from positions:
   (causality by position, so a cache may hold tokens in any slot order);
 * with a sliding ``window`` of ``W`` tokens, only to keys at positions in ``(p - W, p]``.
 
+Position information enters through RoPE on queries and keys (``Attention``'s default) or
+through ALiBi: a bias ``-slope_n * (p - p_key)`` on the scores of head ``n``, with the
+slopes of ``alibi_slopes`` (``impl="xla"`` only).
+
 The ``Attention`` layer reads and writes a cache through ``LayerCache``: a handle on one
 layer of a model's cache (``lhc.lm.cache`` describes the protocol). The handle's writer
 receives this call's keys, values and positions and returns a ``KVView``, what the layer
@@ -27,6 +31,7 @@ from typing import Any, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax.ad_checkpoint import checkpoint_name
 from jax.typing import DTypeLike
@@ -73,9 +78,27 @@ def attention_mask(
     return mask
 
 
-def _xla_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's per-head slopes ``2 ** (-8 (n + 1) / N)``, float32 ``[N]``.
+
+    For a power-of-two N this is the geometric sequence of the ALiBi paper; the same
+    formula for every N is what GCA's official code uses.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    return (2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)).astype(np.float32)
+
+
+def _xla_attention(
+    query, key, value, query_positions, key_positions, *, scale, window=None, alibi_slopes=None
+):
     return attention_segments(
-        query, [(key, value, key_positions)], query_positions, scale=scale, window=window
+        query,
+        [(key, value, key_positions)],
+        query_positions,
+        scale=scale,
+        window=window,
+        alibi_slopes=alibi_slopes,
     )
 
 
@@ -86,6 +109,7 @@ def attention_segments(
     *,
     scale: float,
     window: int | None = None,
+    alibi_slopes: jax.Array | np.ndarray | None = None,
 ) -> jax.Array:
     """Softmax attention over several key/value segments at once, in plain XLA.
 
@@ -98,6 +122,8 @@ def attention_segments(
         query_positions: int ``[B, T]``.
         scale: multiplies the scores.
         window: ``None`` or the sliding-window length.
+        alibi_slopes: ``None`` or float ``[N]``: adds ``-alibi_slopes[n] * (query
+            position - key position)`` to the scores of head ``n``.
 
     Returns:
         ``[B, T, N, H]`` in the values' dtype.
@@ -117,6 +143,12 @@ def attention_segments(
         keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
         scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
+        if alibi_slopes is not None:
+            distance = query_positions[:, :, None] - key_positions[:, None, :]  # [B, T, S]
+            slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
+            scores = scores - slopes[None, :, :, None, None] * distance[:, None, None].astype(
+                jnp.float32
+            )
         mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
         # A finite fill keeps fully masked rows (padding queries) free of NaN.
         logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
@@ -239,6 +271,7 @@ def dot_product_attention(
     impl: str = "xla",
     scale: float | None = None,
     window: int | None = None,
+    alibi_slopes: jax.Array | np.ndarray | None = None,
 ) -> jax.Array:
     """Softmax attention with grouped-query heads and a position mask.
 
@@ -254,6 +287,7 @@ def dot_product_attention(
         impl: a name from ``attention_impls()``.
         scale: multiplies the scores; ``H ** -0.5`` by default.
         window: ``None`` or the sliding-window length ``W >= 1`` (see ``attention_mask``).
+        alibi_slopes: ``None`` or float ``[N]``, ALiBi's per-head slopes (``impl="xla"``).
 
     Returns:
         ``[B, T, N, H]`` in the value dtype.
@@ -269,6 +303,15 @@ def dot_product_attention(
         scale = query.shape[-1] ** -0.5
     # An implementation without sliding windows may leave out the window argument.
     extra = {} if window is None else {"window": window}
+    if alibi_slopes is not None:
+        if impl != "xla":
+            raise ValueError(f"ALiBi (alibi_slopes) needs impl='xla', got impl={impl!r}")
+        if tuple(np.shape(alibi_slopes)) != (query.shape[2],):
+            raise ValueError(
+                f"alibi_slopes must have shape [N] = ({query.shape[2]},), got "
+                f"{tuple(np.shape(alibi_slopes))}"
+            )
+        extra["alibi_slopes"] = alibi_slopes
     return _IMPLEMENTATIONS[impl](
         query, key, value, query_positions, key_positions, scale=float(scale), **extra
     )
@@ -320,6 +363,7 @@ class KVView:
         impl: str,
         window: int | None,
         dtype: DTypeLike,
+        alibi_slopes: jax.Array | np.ndarray | None = None,
     ) -> jax.Array:
         """``[B, T, N, H]`` attention of ``query`` over this view (see ``dot_product_attention``).
 
@@ -336,11 +380,23 @@ class KVView:
             for keys, values, positions in segments[1:]:
                 _check_attention_inputs(query, keys, values, query_positions, positions)
             return attention_segments(
-                query, segments, query_positions, scale=query.shape[-1] ** -0.5, window=window
+                query,
+                segments,
+                query_positions,
+                scale=query.shape[-1] ** -0.5,
+                window=window,
+                alibi_slopes=alibi_slopes,
             )
         keys, values, positions = (jnp.concatenate(parts, axis=1) for parts in zip(*segments))
         return dot_product_attention(
-            query, keys, values, query_positions, positions, impl=impl, window=window
+            query,
+            keys,
+            values,
+            query_positions,
+            positions,
+            impl=impl,
+            window=window,
+            alibi_slopes=alibi_slopes,
         )
 
 
@@ -389,6 +445,7 @@ class LayerCache:
         impl: str,
         window: int | None,
         dtype: DTypeLike,
+        alibi_slopes: jax.Array | np.ndarray | None = None,
     ) -> tuple[jax.Array, LayerCache]:
         """Attends ``query`` to the cache and this call's ``keys`` / ``values``
         ``[B, T, K, H]``, then stores them; returns the output and the updated handle.
@@ -398,7 +455,9 @@ class LayerCache:
         updated array (or one unordered with the update) makes it copy the layer.
         """
         view = self.writer.read(self.layers, self.layer, keys, values)
-        attended = view.attend(query, query_positions, impl=impl, window=window, dtype=dtype)
+        attended = view.attend(
+            query, query_positions, impl=impl, window=window, dtype=dtype, alibi_slopes=alibi_slopes
+        )
         layers = self.writer.write(self.layers, self.layer, keys, values, after=attended)
         return attended, self.replace(layers=layers)
 
@@ -414,7 +473,7 @@ def after(update: jax.Array, result: jax.Array) -> jax.Array:
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE and an optional cache.
+    """Grouped-query self-attention with RoPE (or ALiBi) and an optional cache.
 
     Attributes:
         num_heads: N, query heads.
@@ -429,6 +488,9 @@ class Attention(nn.Module):
         dtype: compute dtype.
         param_dtype: storage dtype.
         kernel_layout: ``"in_out"`` or ``"out_in"`` (see ``lhc.nn.Einsum``).
+        position_encoding: ``"rope"`` (rotary embeddings on queries and keys) or
+            ``"alibi"`` (no rotation; ALiBi biases with ``alibi_slopes(num_heads)``, which
+            needs ``attention_impl="xla"``).
     """
 
     num_heads: int
@@ -442,6 +504,7 @@ class Attention(nn.Module):
     dtype: DTypeLike = jnp.float32
     param_dtype: DTypeLike = jnp.float32
     kernel_layout: str = "in_out"
+    position_encoding: str = "rope"
 
     @nn.compact
     def __call__(
@@ -479,15 +542,22 @@ class Attention(nn.Module):
         key = checkpoint_name(key, remat.KEY_PROJ)
         value = checkpoint_name(value, remat.VALUE_PROJ)
 
-        inv_frequencies = rope_frequencies(head_dim, self.rope_theta, self.rope_scaling)
-        query = apply_rope(query, positions, inv_frequencies)
-        key = apply_rope(key, positions, inv_frequencies)
+        settings = dict(impl=self.attention_impl, window=self.window, dtype=self.dtype)
+        if self.position_encoding == "rope":
+            inv_frequencies = rope_frequencies(head_dim, self.rope_theta, self.rope_scaling)
+            query = apply_rope(query, positions, inv_frequencies)
+            key = apply_rope(key, positions, inv_frequencies)
+        elif self.position_encoding == "alibi":
+            settings["alibi_slopes"] = alibi_slopes(num_heads)
+        else:
+            raise ValueError(
+                f"position_encoding must be 'rope' or 'alibi', got {self.position_encoding!r}"
+            )
         query = nn.with_logical_constraint(query, ("act_batch", "act_len", "act_heads", "act_kv"))
         kv_axes = ("act_batch", "act_len", "act_kv_heads", "act_kv")
         key = nn.with_logical_constraint(key, kv_axes)
         value = nn.with_logical_constraint(value, kv_axes)
 
-        settings = dict(impl=self.attention_impl, window=self.window, dtype=self.dtype)
         if cache is None:
             attended = KVView(keys=key, values=value, positions=positions).attend(
                 query, positions, **settings

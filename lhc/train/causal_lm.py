@@ -142,17 +142,19 @@ class CausalLMTask(Task):
     def train_iterator(self, process_index, process_count):
         return self._iterator(int(self.config.seed), process_index, process_count)
 
-    def _forward_metrics(self, params, batch):
+    def _forward_metrics(self, params, batch, rng=None):
         tokens = batch["tokens"]
         positions = jnp.broadcast_to(
             jnp.arange(tokens.shape[1], dtype=jnp.int32)[None], tokens.shape
         )
-        logits, _ = self.model.apply({"params": params}, tokens, positions)
+        # In training the model gets an rng stream "train" for whatever it draws only then
+        # (GCA's Gumbel retrieval noise); a model without such noise ignores it.
+        rngs = None if rng is None else {"train": rng}
+        logits, _ = self.model.apply({"params": params}, tokens, positions, rngs=rngs)
         return weighted_cross_entropy(logits, batch["targets"], batch["weights"])
 
     def loss(self, params, batch, rng):
-        del rng  # deterministic model (no dropout)
-        loss, accuracy, _ = self._forward_metrics(params, batch)
+        loss, accuracy, _ = self._forward_metrics(params, batch, rng)
         return loss, {"accuracy": accuracy}
 
     def evaluate(self, params):

@@ -10,8 +10,8 @@ from flax import struct
 from lhc import nn as lnn
 
 
-def _brute_force_attention(q, k, v, q_pos, k_pos):
-    """Loops over batch, head and query; numpy float64."""
+def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None):
+    """Loops over batch, head and query; numpy float64 (ALiBi biases with ``slopes``)."""
     batch, length, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     out = np.zeros((batch, length, num_heads, head_dim))
@@ -27,6 +27,8 @@ def _brute_force_attention(q, k, v, q_pos, k_pos):
                 scores = np.array([q[b, t, n] @ k[b, s, kv_head] for s in visible]) / np.sqrt(
                     head_dim
                 )
+                if slopes is not None:
+                    scores -= slopes[n] * np.array([q_pos[b, t] - k_pos[b, s] for s in visible])
                 w = np.exp(scores - scores.max())
                 w /= w.sum()
                 out[b, t, n] = sum(wi * v[b, s, kv_head] for wi, s in zip(w, visible))
@@ -50,6 +52,28 @@ def test_dot_product_attention_matches_brute_force(num_heads, num_kv_heads):
     expected = _brute_force_attention(q, k, v, q_pos, k_pos)
     np.testing.assert_allclose(got, expected, atol=1e-5)
     assert np.all(np.asarray(got)[0, 0] == 0) and np.all(np.asarray(got)[1, 2] == 0)
+
+
+def test_alibi_attention_matches_brute_force():
+    rng = np.random.default_rng(3)
+    batch, length, slots, num_heads, num_kv_heads, head_dim = 2, 4, 7, 4, 2, 4
+    q = rng.normal(size=(batch, length, num_heads, head_dim)).astype(np.float32)
+    k = rng.normal(size=(batch, slots, num_kv_heads, head_dim)).astype(np.float32)
+    v = rng.normal(size=(batch, slots, num_kv_heads, head_dim)).astype(np.float32)
+    k_pos = np.array([[4, 0, 6, 1, -1, 2, 3], [0, 1, 2, 3, 4, 5, 6]])
+    q_pos = np.array([[3, 4, 5, 6], [-1, 2, 5, 6]])
+    # ALiBi's slopes for a power of two: 2^-2, 2^-4, ... (start = ratio = 2^(-8/N)).
+    slopes = lnn.alibi_slopes(num_heads)
+    np.testing.assert_allclose(slopes, [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8])
+    got = lnn.dot_product_attention(
+        *map(jnp.asarray, (q, k, v, q_pos, k_pos)), alibi_slopes=slopes * 4
+    )
+    expected = _brute_force_attention(q, k, v, q_pos, k_pos, slopes=slopes * 4)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="ALiBi .* needs impl='xla'"):
+        lnn.dot_product_attention(q, k, v, q_pos, k_pos, impl="chunked", alibi_slopes=slopes)
+    with pytest.raises(ValueError, match="alibi_slopes must have shape"):
+        lnn.dot_product_attention(q, k, v, q_pos, k_pos, alibi_slopes=slopes[:2])
 
 
 def test_attention_mask_rule():

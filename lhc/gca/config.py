@@ -1,0 +1,245 @@
+"""Configuration of the Grouped Cross Attention LM (the official code's "DRT")."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+GCA_IMPLS = ("xla", "pallas")
+
+
+def _dtype_name(value: Any, field: str) -> str:
+    try:
+        name = jnp.dtype(value).name
+    except TypeError as error:
+        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}") from error
+    if name not in _FLOAT_DTYPES:
+        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class GCAConfig:
+    """Shape and numerics of a ``lhc.gca.GCA`` model.
+
+    The token stream the layers see is the user's text with a landmark token closing
+    every ``chunk_size - 1`` text tokens, so each chunk is ``chunk_size`` stream
+    positions, the landmark last. Text position ``p`` sits at stream position
+    ``p + p // (chunk_size - 1)``.
+
+    Attributes:
+        vocab_size: V, including the landmark token.
+        embed_dim: D, the residual width.
+        num_heads: N, query heads of every attention (sliding-window, encoder, GCA).
+        num_kv_heads: K, key/value heads of the sliding-window layers and of the chunk
+            memory; divides N.
+        head_dim: H (even, for the encoder's RoPE).
+        mlp_dim: F, the SwiGLU hidden width.
+        lower_layers: sliding-window layers below the first retrieval.
+        encoder_layers: bidirectional layers of the chunk encoder.
+        upper_layers: layers per retrieval group; each group retrieves once (from its
+            own landmark queries) and every layer of the group reads the retrieved
+            chunks. ``(6,)`` is the paper's single retrieval, two entries its
+            "retrieval x2".
+        chunk_size: S, stream positions per chunk including the landmark.
+        top_k: chunks retrieved per chunk (fewer while fewer earlier chunks exist).
+        window: the sliding-window attention span in stream positions: a position ``p``
+            attends to ``(p - window, p]`` (the official ``slide_window=512`` of
+            flash-attn's ``window_size=(512, 0)`` is ``window=513`` here).
+        max_len: the most text tokens a sequence may hold (bounds the chunk memory).
+        landmark_id: the landmark token; defaults to ``vocab_size - 1``. Text tokens
+            must not use it.
+        rope_theta: RoPE base of the encoder (within-chunk positions).
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: the output projection reuses the embedding table.
+        gca_impl: ``"xla"`` or ``"pallas"``, the ``kernels_pallas.chunk_retrieval``
+            implementation (Pallas runs interpreted on CPU).
+        dtype: compute dtype name.
+        param_dtype: storage dtype name.
+    """
+
+    vocab_size: int
+    embed_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mlp_dim: int
+    lower_layers: int
+    encoder_layers: int
+    upper_layers: tuple[int, ...]
+    chunk_size: int = 64
+    top_k: int = 8
+    window: int = 513
+    max_len: int = 1 << 20
+    landmark_id: int | None = None
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    gca_impl: str = "xla"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "embed_dim",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "mlp_dim",
+            "encoder_layers",
+            "top_k",
+            "window",
+            "max_len",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"GCAConfig.{name} must be a positive int, got {value!r}")
+        if isinstance(self.lower_layers, bool) or not isinstance(self.lower_layers, int):
+            raise ValueError(
+                f"GCAConfig.lower_layers must be an int >= 0, got {self.lower_layers!r}"
+            )
+        if self.lower_layers < 0:
+            raise ValueError(f"GCAConfig.lower_layers must be an int >= 0, got {self.lower_layers}")
+        upper = tuple(self.upper_layers) if not isinstance(self.upper_layers, int) else None
+        if not upper or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in upper):
+            raise ValueError(
+                "GCAConfig.upper_layers must be a non-empty sequence of positive ints (layers "
+                f"per retrieval group), got {self.upper_layers!r}"
+            )
+        object.__setattr__(self, "upper_layers", upper)
+        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int):
+            raise ValueError(f"GCAConfig.chunk_size must be an int >= 2, got {self.chunk_size!r}")
+        if self.chunk_size < 2:
+            raise ValueError(
+                f"GCAConfig.chunk_size must be >= 2 (text tokens and a landmark), got "
+                f"{self.chunk_size}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"GCAConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"GCAConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        landmark = self.vocab_size - 1 if self.landmark_id is None else self.landmark_id
+        if (
+            isinstance(landmark, bool)
+            or not isinstance(landmark, int)
+            or not (0 <= landmark < self.vocab_size)
+        ):
+            raise ValueError(
+                f"GCAConfig.landmark_id must be None or an int in [0, vocab_size="
+                f"{self.vocab_size}), got {self.landmark_id!r}"
+            )
+        object.__setattr__(self, "landmark_id", landmark)
+        if self.gca_impl not in GCA_IMPLS:
+            raise ValueError(
+                f"GCAConfig.gca_impl must be one of {GCA_IMPLS}, got {self.gca_impl!r}"
+            )
+        if not self.rope_theta > 0:
+            raise ValueError(f"GCAConfig.rope_theta must be positive, got {self.rope_theta}")
+        if not self.norm_eps > 0:
+            raise ValueError(f"GCAConfig.norm_eps must be positive, got {self.norm_eps}")
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype, "GCAConfig.dtype"))
+        object.__setattr__(
+            self, "param_dtype", _dtype_name(self.param_dtype, "GCAConfig.param_dtype")
+        )
+        object.__setattr__(self, "rope_theta", float(self.rope_theta))
+        object.__setattr__(self, "norm_eps", float(self.norm_eps))
+
+    # Stream layout ------------------------------------------------------------------
+
+    @property
+    def text_per_chunk(self) -> int:
+        """Text tokens per chunk (``chunk_size - 1``)."""
+        return self.chunk_size - 1
+
+    @property
+    def num_window_layers(self) -> int:
+        """Sliding-window attention layers: the lower ones and one per upper layer."""
+        return self.lower_layers + sum(self.upper_layers)
+
+    @property
+    def max_chunks(self) -> int:
+        """Chunks of a sequence of ``max_len`` text tokens."""
+        return -(-self.max_len // self.text_per_chunk)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.upper_layers)
+
+    # Dict conversion ------------------------------------------------------------------
+
+    def replace(self, **changes: Any) -> GCAConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown GCAConfig fields {unknown}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["upper_layers"] = list(self.upper_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> GCAConfig:
+        """Builds a config from a mapping; unknown keys raise ``ValueError``."""
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown GCAConfig keys {unknown}")
+        values = dict(values)
+        if "upper_layers" in values and not isinstance(values["upper_layers"], int):
+            values["upper_layers"] = tuple(values["upper_layers"])
+        return cls(**values)
+
+    # Presets ------------------------------------------------------------------------
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> GCAConfig:
+        """A model small enough for unit tests on a CPU (8-position chunks)."""
+        values = dict(
+            vocab_size=64,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            mlp_dim=64,
+            lower_layers=1,
+            encoder_layers=1,
+            upper_layers=(1,),
+            chunk_size=8,
+            top_k=2,
+            window=12,
+            max_len=4096,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def paper_128m(cls, **overrides: Any) -> GCAConfig:
+        """The paper's 128M setting (the official ``config_63``): d=768, 12 heads of 64,
+        6 lower layers, a 2-layer encoder, one group of 6 upper layers, 64-position chunks,
+        top-8 retrieval, window 512, GPT-2 vocabulary with the landmark as id 50264."""
+        values = dict(
+            vocab_size=50_265,
+            embed_dim=768,
+            num_heads=12,
+            num_kv_heads=12,
+            head_dim=64,
+            mlp_dim=2048,
+            lower_layers=6,
+            encoder_layers=2,
+            upper_layers=(6,),
+            chunk_size=64,
+            top_k=8,
+            window=513,
+            landmark_id=50_264,
+        )
+        values.update(overrides)
+        return cls(**values)

@@ -1,0 +1,683 @@
+"""The Grouped Cross Attention LM (Hu et al., ICML 2025; the official code's "DRT").
+
+``logits, cache = model.apply({"params": params}, tokens, positions, cache)`` follows
+lhc's causal-LM protocol (``lhc.lm``): ``tokens, positions`` int32 ``[B, T]`` of plain
+text (-1: padding), ``logits`` float32 ``[B, T, V]``. The model inserts the landmarks
+itself: the layers run on the *stream*, the text with a landmark token closing every
+``S - 1`` text tokens (``S = chunk_size``), and the landmarks' outputs are dropped (the
+landmark id's logit is the float32 minimum: it is never predicted as text).
+
+Layout, as the official code wires it:
+
+* a lower decoder of ``lower_layers`` sliding-window self-attention layers with ALiBi;
+* a chunk encoder: for each completed chunk, ``encoder_layers`` bidirectional layers
+  with within-chunk RoPE on ``enc_prenorm(lower output)``, then a final norm; the
+  encoder output at the landmark is the chunk's landmark key; ``chunk_key`` /
+  ``chunk_value`` project it to the chunk memory shared by every GCA layer, with the
+  landmark slot zeroed (a zero key adds ``exp(0)`` to every softmax with no value: the
+  "+1" of the official code);
+* retrieval groups (``upper_layers``): each takes the hidden state at every landmark
+  (through ``landmark_norm_{g}``) as the chunk's query, scores it against the landmark
+  keys of strictly earlier chunks (``/ sqrt(D)``), keeps the top ``top_k`` (Gumbel noise
+  on the selection when an rng ``"train"`` is given, as in training), and fuses them
+  with the softmax of their scores. Chunk ``i``'s retrieval serves the tokens of chunk
+  ``i + 1``; the fusion weights are how the retriever learns (indices get no gradient);
+* upper layers: ``h = x + SWA(norm(x))``, ``g = GCA(h)``, ``out = h + MLP(norm(h + g))``
+  (GCA reaches the residual stream only through the MLP input).
+
+A plain forward pass (``cache=None``) needs each row's real positions to be
+``0 .. n - 1`` (padding anywhere); with a cache they continue from
+``cache.next_positions()``. Appending tokens in any pieces gives the logits of one full
+forward pass: the cache (``lhc.gca.cache``) keeps the sliding windows, the lower
+outputs of the current chunk, the chunk memory and the retrievals serving the current
+chunk, so the cost of a token does not grow with the context (retrieval scores one
+vector per stored chunk).
+
+Parameter tree::
+
+    embed/embedding                                 [V, D]
+    lower_{i}/{attention_norm,mlp_norm}/scale       [D]
+    lower_{i}/attention/{query,key,value,out}/kernel
+    lower_{i}/mlp/{gate,up,down}/kernel
+    enc_prenorm/scale                               [D]
+    encoder/layers_{j}/...                          (as lower_{i}, with RoPE)
+    encoder/final_norm/scale                        [D]
+    chunk_key/kernel, chunk_value/kernel            [D, K, H]
+    landmark_norm_{g}/scale                         [D]
+    upper_{g}_{i}/...                               (as lower_{i}, plus)
+    upper_{g}_{i}/gca/{norm/scale, query/kernel [D, N, H], out/kernel [N, H, D]}
+    final_norm/scale                                [D]
+    lm_head/kernel                                  [D, V] (untied only)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas.chunk_retrieval import chunk_retrieval
+from lhc.gca.cache import (
+    GCACache,
+    StreamWriter,
+    init_gca_cache,
+    ring_positions,
+    ring_slots,
+    stream_position,
+)
+from lhc.gca.config import GCAConfig
+from lhc.lm.cache import is_concrete
+from lhc.nn.attention import Attention, LayerCache
+from lhc.nn.linear import Einsum, Embed
+from lhc.nn.mlp import SwiGLU
+from lhc.nn.norms import RMSNorm
+from lhc.nn.rope import apply_rope, rope_frequencies
+
+_RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
+
+
+def _norm(cfg: GCAConfig, name: str) -> RMSNorm:
+    return RMSNorm(epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name)
+
+
+class WindowAttentionLayer(nn.Module):
+    """``x + SWA(norm(x))``: sliding-window self-attention with ALiBi, over the stream."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x, positions, cache: LayerCache | None):
+        cfg = self.config
+        attended, cache = Attention(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            window=cfg.window,
+            position_encoding="alibi",
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="attention",
+        )(_norm(cfg, "attention_norm")(x), positions, cache)
+        return nn.with_logical_constraint(x + attended, _RESIDUAL_AXES), cache
+
+
+class Mlp(nn.Module):
+    """SwiGLU of ``norm(x)`` (the caller adds the residual)."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        return SwiGLU(cfg.mlp_dim, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="mlp")(
+            _norm(cfg, "mlp_norm")(x)
+        )
+
+
+class LowerBlock(nn.Module):
+    """A lower-decoder layer: sliding-window attention with ALiBi, then the MLP."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x, positions, cache: LayerCache | None):
+        x, cache = WindowAttentionLayer(self.config, name="window")(x, positions, cache)
+        x = x + Mlp(self.config, name="ffn")(x)
+        return nn.with_logical_constraint(x, _RESIDUAL_AXES), cache
+
+
+class EncoderLayer(nn.Module):
+    """A bidirectional layer over whole chunks ``[M, S, D]`` with within-chunk RoPE."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        embed_dim, heads, head_dim = x.shape[-1], cfg.num_heads, cfg.head_dim
+
+        def projection(shape, axes, name, **kwargs):
+            return Einsum(
+                shape=shape,
+                logical_axes=axes,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                name=name,
+                **kwargs,
+            )
+
+        h = _norm(cfg, "attention_norm")(x)
+        shape, axes = (embed_dim, heads, head_dim), ("embed", "heads", "kv")
+        q = projection(shape, axes, "query")("BTD,DNH->BTNH", h)
+        k = projection(shape, axes, "key")("BTD,DNH->BTNH", h)
+        v = projection(shape, axes, "value")("BTD,DNH->BTNH", h)
+        positions = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+        inv_frequencies = rope_frequencies(head_dim, cfg.rope_theta)
+        q, k = apply_rope(q, positions, inv_frequencies), apply_rope(k, positions, inv_frequencies)
+        scores = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores * head_dim**-0.5, axis=-1)
+        attended = jnp.einsum("BNTS,BSNH->BTNH", probs.astype(v.dtype), v)
+        out = projection((heads, head_dim, embed_dim), ("heads", "kv", "embed"), "out", in_dims=2)(
+            "BTNH,NHD->BTD", attended
+        )
+        x = x + out
+        return x + Mlp(cfg, name="ffn")(x)
+
+
+class ChunkEncoder(nn.Module):
+    """The encoder layers and the final norm, over chunks ``[M, S, D]``."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x):
+        for layer in range(self.config.encoder_layers):
+            x = EncoderLayer(self.config, name=f"layers_{layer}")(x)
+        return _norm(self.config, "final_norm")(x)
+
+
+class GroupedCrossAttention(nn.Module):
+    """``out(sum_k w_k softmax(q K_k^T) V_k)`` with ``q = query(norm(h))``; no positions."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, h, memory_keys, memory_values, indices, weights, *, grid: bool):
+        """GCA of the call's stream entries.
+
+        Args:
+            h: ``[B, T', D]``.
+            memory_keys, memory_values: ``[B, N, S, K, H]``.
+            indices, weights: the retrieval serving each query chunk: ``[B, C, top_k]``
+                with ``grid`` (the entries are ``C`` whole chunks, ``T' = C * S``), else
+                ``[B, T', top_k]`` (one query chunk per entry).
+            grid: the layout, see above.
+
+        Returns:
+            ``[B, T', D]``.
+        """
+        cfg = self.config
+        batch, length, embed_dim = h.shape
+        q = Einsum(
+            shape=(embed_dim, cfg.num_heads, cfg.head_dim),
+            logical_axes=("embed", "heads", "kv"),
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="query",
+        )("BTD,DNH->BTNH", _norm(cfg, "norm")(h))
+        if grid:
+            q = q.reshape(batch, length // cfg.chunk_size, cfg.chunk_size, *q.shape[2:])
+        else:
+            q = q[:, :, None]
+        attended = chunk_retrieval(
+            q,
+            memory_keys.astype(q.dtype),
+            memory_values.astype(q.dtype),
+            indices,
+            weights,
+            impl=cfg.gca_impl,
+        )
+        attended = attended.reshape(batch, length, cfg.num_heads, cfg.head_dim)
+        return Einsum(
+            shape=(cfg.num_heads, cfg.head_dim, embed_dim),
+            logical_axes=("heads", "kv", "embed"),
+            in_dims=2,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="out",
+        )("BTNH,NHD->BTD", attended)
+
+
+class UpperBlock(nn.Module):
+    """``h = x + SWA(norm(x))``, then ``h + MLP(norm(h + GCA(h)))``."""
+
+    config: GCAConfig
+
+    @nn.compact
+    def __call__(self, x, positions, cache, memory, retrieval, *, grid: bool):
+        h, cache = WindowAttentionLayer(self.config, name="window")(x, positions, cache)
+        g = GroupedCrossAttention(self.config, name="gca")(h, *memory, *retrieval, grid=grid)
+        out = h + Mlp(self.config, name="ffn")(h + g)
+        return nn.with_logical_constraint(out, _RESIDUAL_AXES), cache
+
+
+def retrieve(
+    queries: jax.Array,
+    landmark_keys: jax.Array,
+    query_chunks: jax.Array,
+    valid: jax.Array,
+    *,
+    top_k: int,
+    noise_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Top-k retrieval of strictly earlier chunks by landmark scores.
+
+    Args:
+        queries: ``[B, M, D]``, the (normed) landmark hidden states of ``M`` chunks.
+        landmark_keys: ``[B, N, D]``, chunk ``j``'s landmark key at index ``j``.
+        query_chunks: int ``[B, M]``, the chunk each query closes; it sees chunks
+            ``j < query_chunks``.
+        valid: bool ``[B, M]``; an invalid query retrieves nothing.
+        top_k: slots per query.
+        noise_rng: Gumbel noise ``-log(Exp(1))`` on the selection scores when given (the
+            official training setting); the weights use the scores without noise.
+
+    Returns:
+        ``(indices int32 [B, M, top_k], weights float32 [B, M, top_k])``: -1 and weight 0
+        for slots with no visible chunk; the weights are the softmax of the selected
+        scores ``q . l_j / sqrt(D)`` (differentiable in both).
+    """
+    num_chunks = landmark_keys.shape[1]
+    scores = jnp.einsum(
+        "BMD,BND->BMN", queries, landmark_keys, preferred_element_type=jnp.float32
+    ) * (queries.shape[-1] ** -0.5)
+    visible = (jnp.arange(num_chunks)[None, None, :] < query_chunks[..., None]) & valid[..., None]
+    selection = jnp.where(visible, scores, -jnp.inf)
+    if noise_rng is not None:
+        selection = selection - jnp.log(jax.random.exponential(noise_rng, selection.shape))
+    k = min(top_k, num_chunks)
+    _, indices = jax.lax.top_k(jax.lax.stop_gradient(selection), k)
+    chosen = jnp.take_along_axis(scores, indices, axis=-1)
+    ok = jnp.take_along_axis(visible, indices, axis=-1)
+    chosen = jnp.where(ok, chosen, 0.0)
+    top = jax.lax.stop_gradient(jnp.max(jnp.where(ok, chosen, -jnp.inf), axis=-1, keepdims=True))
+    exps = jnp.where(ok, jnp.exp(chosen - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+    total = jnp.sum(exps, axis=-1, keepdims=True)
+    weights = exps / jnp.where(total > 0, total, 1.0)
+    indices = jnp.where(ok, indices, -1).astype(jnp.int32)
+    if k < top_k:
+        pad = ((0, 0), (0, 0), (0, top_k - k))
+        indices = jnp.pad(indices, pad, constant_values=-1)
+        weights = jnp.pad(weights, pad)
+    return indices, weights
+
+
+def _rows_take(x: jax.Array, index: jax.Array) -> jax.Array:
+    """``x[b, index[b, ...]]`` for ``x [B, L, ...]`` and int ``index [B, ...]``."""
+    flat = index.reshape(index.shape[0], -1)
+    taken = jnp.take_along_axis(x, flat.reshape(flat.shape + (1,) * (x.ndim - 2)), axis=1)
+    return taken.reshape(index.shape + x.shape[2:])
+
+
+def _check_inputs(cfg: GCAConfig, tokens, positions, cache) -> None:
+    if tokens is None or getattr(tokens, "ndim", None) != 2:
+        raise ValueError(f"tokens must be int [B, T], got {getattr(tokens, 'shape', None)}")
+    if positions.shape != tokens.shape:
+        raise ValueError(
+            f"tokens and positions must both be int [B, T]; got {tokens.shape=} {positions.shape=}"
+        )
+    for name, array in (("tokens", tokens), ("positions", positions)):
+        if not jnp.issubdtype(array.dtype, jnp.integer):
+            raise ValueError(f"{name} must have an integer dtype, got {array.dtype}")
+    if cache is not None and not isinstance(cache, GCACache):
+        raise ValueError(
+            f"cache must be None or a GCACache (model.init_cache), got {type(cache).__name__}"
+        )
+    if is_concrete(tokens):
+        values = np.asarray(tokens)[np.asarray(positions) >= 0] if is_concrete(positions) else None
+        if values is not None and values.size:
+            if values.min() < 0 or values.max() >= cfg.vocab_size:
+                raise ValueError(
+                    f"token ids must lie in [0, vocab_size={cfg.vocab_size}); got min "
+                    f"{values.min()} max {values.max()}"
+                )
+            if (values == cfg.landmark_id).any():
+                raise ValueError(
+                    f"text tokens must not be the landmark id {cfg.landmark_id}: the model "
+                    "inserts landmarks itself"
+                )
+    if is_concrete(positions) and (cache is None or is_concrete(cache.stream_lengths)):
+        start = np.zeros(tokens.shape[0], np.int64)
+        if cache is not None:
+            start = np.asarray(cache.text_lengths())
+        for row, (row_positions, first) in enumerate(zip(np.asarray(positions), start)):
+            real = row_positions[row_positions >= 0]
+            expected = np.arange(first, first + real.size)
+            if not np.array_equal(real, expected):
+                where = "from 0" if cache is None else f"from the cache's next position {first}"
+                raise ValueError(
+                    f"positions of row {row} must run contiguously {where} (padding -1 "
+                    f"anywhere); got {real.tolist()[:8]}{'...' if real.size > 8 else ''}"
+                )
+            if real.size and real[-1] >= cfg.max_len:
+                raise ValueError(
+                    f"positions must be below max_len {cfg.max_len}; got {real[-1]} in row {row}"
+                )
+    if cache is not None:
+        cache.validate_append(tokens.shape[0], tokens.shape[1])
+
+
+class GCA(nn.Module):
+    """The Grouped Cross Attention causal LM (see the module docstring).
+
+    Attributes:
+        config: the model's ``GCAConfig``.
+    """
+
+    config: GCAConfig
+
+    @nn.nowrap
+    def init_cache(self, batch_size: int, max_len: int) -> GCACache:
+        """An empty cache for up to ``max_len`` text tokens per sequence."""
+        return init_gca_cache(self.config, batch_size, max_len)
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        cache: GCACache | None = None,
+        *,
+        last_only: bool = False,
+    ) -> tuple[jax.Array, GCACache | None]:
+        """Runs the model on ``T`` new text tokens per sequence.
+
+        Args:
+            tokens: int32 ``[B, T]`` text token ids (never the landmark id).
+            positions: int32 ``[B, T]``; -1 marks padding. Without a cache, each row's
+                real positions are ``0 .. n - 1``; with one, they continue from
+                ``cache.next_positions()``.
+            cache: ``None`` or the ``GCACache`` the tokens are appended to.
+            last_only: the logits of the last column only (``[B, 1, V]``).
+
+        Returns:
+            ``(logits float32 [B, T, V], cache)``.
+
+        Raises:
+            ValueError: malformed shapes; with concrete values, token ids outside the
+                vocabulary or equal to the landmark id, positions that do not continue
+                the sequence, or a cache that cannot take the tokens.
+        """
+        cfg = self.config
+        _check_inputs(cfg, tokens, positions, cache)
+        size, per_chunk = cfg.chunk_size, cfg.text_per_chunk
+        batch, length = tokens.shape
+        rows = jnp.arange(batch)[:, None]
+        positions = positions.astype(jnp.int32)
+        real = positions >= 0
+
+        # The call's stream: entry i of a row is stream position start + i.
+        start_text = jnp.zeros((batch,), jnp.int32) if cache is None else cache.text_lengths()
+        start = stream_position(start_text, per_chunk)
+        buffer_len = length + length // per_chunk + 1
+        text_stream = stream_position(positions, per_chunk)
+        text_index = jnp.where(real, text_stream - start[:, None], buffer_len)
+        closes = real & (jnp.mod(positions, per_chunk) == per_chunk - 1)
+        landmark_index = jnp.where(closes, text_index + 1, buffer_len)
+        buffer_tokens = (
+            jnp.zeros((batch, buffer_len), jnp.int32)
+            .at[rows, text_index]
+            .set(tokens.astype(jnp.int32), mode="drop")
+            .at[rows, landmark_index]
+            .set(cfg.landmark_id, mode="drop")
+        )
+        buffer_positions = (
+            jnp.full((batch, buffer_len), -1, jnp.int32)
+            .at[rows, text_index]
+            .set(text_stream, mode="drop")
+            .at[rows, landmark_index]
+            .set(text_stream + 1, mode="drop")
+        )
+        num_landmarks = jnp.sum(closes, axis=1)
+        end = start + jnp.sum(real, axis=1) + num_landmarks
+
+        # The chunks this call completes, in order: chunk first_chunk + m.
+        max_landmarks = length // per_chunk + 1
+        first_chunk = start // size
+        chunk_ids = first_chunk[:, None] + jnp.arange(max_landmarks, dtype=jnp.int32)
+        chunk_valid = jnp.arange(max_landmarks)[None, :] < num_landmarks[:, None]
+        landmark_entry = jnp.clip((chunk_ids + 1) * size - 1 - start[:, None], 0, buffer_len - 1)
+
+        embed = Embed(
+            cfg.vocab_size,
+            cfg.embed_dim,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="embed",
+        )
+        x = nn.with_logical_constraint(embed.encode(buffer_tokens), _RESIDUAL_AXES)
+
+        writer = layers = None
+        if cache is not None:
+            writer = StreamWriter(
+                slots=ring_slots(buffer_positions, end, cache.ring_size),
+                positions=cache.window_positions,
+                new_positions=buffer_positions,
+            )
+            layers = (cache.window_keys, cache.window_values)
+
+        def handle(layer):
+            return None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
+
+        for layer in range(cfg.lower_layers):
+            x, layer_cache = LowerBlock(cfg, name=f"lower_{layer}")(
+                x, buffer_positions, handle(layer)
+            )
+            layers = None if layer_cache is None else layer_cache.layers
+        lower_out = x
+
+        # Encode the completed chunks from the lower outputs (earlier entries of the
+        # current chunk come from the cache).
+        chunk_positions = chunk_ids[..., None] * size + jnp.arange(size, dtype=jnp.int32)
+        if cache is None:
+            source, source_index = x, chunk_positions - start[:, None, None]
+        else:
+            history = cache.hidden.shape[1]
+            source = jnp.concatenate([cache.hidden.astype(x.dtype), x], axis=1)
+            source_index = jnp.where(
+                chunk_positions >= start[:, None, None],
+                history + chunk_positions - start[:, None, None],
+                jnp.mod(chunk_positions, history),
+            )
+        source_index = jnp.clip(source_index, 0, source.shape[1] - 1)
+        chunk_hidden = _rows_take(source, source_index)  # [B, M, S, D]
+        encoded = ChunkEncoder(cfg, name="encoder")(
+            _norm(cfg, "enc_prenorm")(chunk_hidden).reshape(-1, size, cfg.embed_dim)
+        ).reshape(chunk_hidden.shape)
+        landmark_keys = encoded[:, :, -1]
+
+        def chunk_projection(name):
+            projected = Einsum(
+                shape=(cfg.embed_dim, cfg.num_kv_heads, cfg.head_dim),
+                logical_axes=("embed", "kv_heads", "kv"),
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                name=name,
+            )("BMSD,DKH->BMSKH", encoded)
+            keep = (jnp.arange(size) < size - 1)[None, None, :, None, None]
+            return jnp.where(keep, projected, 0)  # the landmark slot: the softmax's "+1"
+
+        new_keys, new_values = chunk_projection("chunk_key"), chunk_projection("chunk_value")
+        if cache is None:
+            # Chunk j of the call is chunk j of the sequence (it starts at 0).
+            memory = (new_keys, new_values)
+            memory_landmarks = landmark_keys
+        else:
+            slot = jnp.where(chunk_valid, chunk_ids, cache.memory_keys.shape[1])
+            memory = tuple(
+                stored.at[rows, slot].set(new.astype(stored.dtype), mode="drop")
+                for stored, new in (
+                    (cache.memory_keys, new_keys),
+                    (cache.memory_values, new_values),
+                )
+            )
+            memory_landmarks = cache.landmark_keys.at[rows, slot].set(
+                landmark_keys.astype(cache.landmark_keys.dtype), mode="drop"
+            )
+
+        # GCA layout: whole chunks when the call starts at chunk 0 (a plain forward
+        # pass), else one query chunk per entry. The retrieval serving chunk i is row
+        # i - first_chunk of a table whose row 0 is the cached one (chunk first_chunk - 1).
+        grid = cache is None
+        padded_len = -(-buffer_len // size) * size if grid else buffer_len
+        entry_positions = jnp.pad(
+            buffer_positions, ((0, 0), (0, padded_len - buffer_len)), constant_values=-1
+        )
+        if grid:
+            table_rows = jnp.broadcast_to(
+                jnp.arange(padded_len // size), (batch, padded_len // size)
+            )
+        else:
+            table_rows = entry_positions // size - first_chunk[:, None]
+        table_rows = jnp.clip(table_rows, 0, max_landmarks)
+        x = jnp.pad(x, ((0, 0), (0, padded_len - buffer_len), (0, 0)))
+        noise_rng = self.make_rng("train") if self.has_rng("train") else None
+
+        fresh = []
+        layer = cfg.lower_layers
+        for group, num_layers in enumerate(cfg.upper_layers):
+            queries = _norm(cfg, f"landmark_norm_{group}")(_rows_take(x, landmark_entry))
+            rng = None if noise_rng is None else jax.random.fold_in(noise_rng, group)
+            indices, weights = retrieve(
+                queries, memory_landmarks, chunk_ids, chunk_valid, top_k=cfg.top_k, noise_rng=rng
+            )
+            fresh.append((indices, weights))
+            if cache is None:
+                before = (
+                    jnp.full((batch, 1, cfg.top_k), -1, jnp.int32),
+                    jnp.zeros((batch, 1, cfg.top_k), jnp.float32),
+                )
+            else:
+                held = jnp.mod(first_chunk - 1, 2)
+                serves = cache.retrieval_chunks[rows[:, 0], held] == first_chunk - 1
+                before_indices = cache.retrieval_indices[rows[:, 0], group, held]
+                before = (
+                    jnp.where(serves[:, None], before_indices, -1)[:, None],
+                    cache.retrieval_weights[rows[:, 0], group, held][:, None],
+                )
+            table = (
+                jnp.concatenate([before[0], indices], axis=1),
+                jnp.concatenate([before[1], weights], axis=1),
+            )
+            retrieval = tuple(_rows_take(part, table_rows) for part in table)
+            for index in range(num_layers):
+                x, layer_cache = UpperBlock(cfg, name=f"upper_{group}_{index}")(
+                    x, entry_positions, handle(layer), memory, retrieval, grid=grid
+                )
+                layers = None if layer_cache is None else layer_cache.layers
+                layer += 1
+
+        text_entries = jnp.where(real, text_index, 0)
+        if last_only:
+            text_entries = text_entries[:, -1:]
+        x = _rows_take(x, text_entries)
+        x = _norm(cfg, "final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = embed.decode(x)
+        else:
+            logits = Einsum(
+                shape=(cfg.embed_dim, cfg.vocab_size),
+                logical_axes=("embed", "vocab"),
+                dtype=cfg.dtype,
+                out_dtype=jnp.float32,
+                param_dtype=cfg.param_dtype,
+                name="lm_head",
+            )("BTD,DV->BTV", x)
+        # The landmark is never a text token: it gets no probability.
+        is_landmark = jnp.arange(cfg.vocab_size) == cfg.landmark_id
+        logits = jnp.where(is_landmark, jnp.finfo(jnp.float32).min, logits)
+        logits = nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
+        if cache is None:
+            return logits, None
+
+        fits = cache.can_append(length)
+        logits = jnp.where(fits[:, None, None], logits, jnp.nan)
+        return logits, _updated_cache(
+            cfg,
+            cache,
+            layers,
+            lower_out,
+            buffer_positions,
+            end,
+            positions,
+            memory,
+            memory_landmarks,
+            fresh,
+            chunk_ids,
+            chunk_valid,
+            num_landmarks,
+        )
+
+
+def _updated_cache(
+    cfg,
+    cache: GCACache,
+    layers,
+    lower_out,
+    buffer_positions,
+    end,
+    positions,
+    memory,
+    memory_landmarks,
+    fresh,
+    chunk_ids,
+    chunk_valid,
+    num_landmarks,
+) -> GCACache:
+    """The cache after a call (see ``GCA.__call__``)."""
+    batch, length = positions.shape
+    rows = jnp.arange(batch)[:, None]
+    window_keys, window_values = layers
+    hidden_size = cache.hidden.shape[1]
+    hidden = cache.hidden.at[rows, ring_slots(buffer_positions, end, hidden_size)].set(
+        lower_out.astype(cache.hidden.dtype), mode="drop"
+    )
+    # Retrievals of the last two chunks completed, at slot chunk % 2.
+    m = jnp.arange(chunk_ids.shape[1])[None, :]
+    keep = chunk_valid & (m >= num_landmarks[:, None] - 2)
+    slot = jnp.where(keep, jnp.mod(chunk_ids, 2), 2)
+    retrieval_indices, retrieval_weights = cache.retrieval_indices, cache.retrieval_weights
+    for group, (indices, weights) in enumerate(fresh):
+        retrieval_indices = retrieval_indices.at[rows, group, slot].set(indices, mode="drop")
+        retrieval_weights = retrieval_weights.at[rows, group, slot].set(weights, mode="drop")
+    retrieval_chunks = cache.retrieval_chunks.at[rows, slot].set(chunk_ids, mode="drop")
+    # Text positions of the last appended tokens, at slot append index % A.
+    recent = cache.recent_positions.shape[1]
+    order = cache.lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+    recent_slots = jnp.where(
+        order >= cache.lengths[:, None] + length - recent, order % recent, recent
+    )
+    recent_positions = cache.recent_positions.at[rows, recent_slots].set(positions, mode="drop")
+    return cache.replace(
+        window_keys=window_keys,
+        window_values=window_values,
+        window_positions=ring_positions(cache.window_positions, buffer_positions, end),
+        hidden=hidden,
+        hidden_positions=ring_positions(cache.hidden_positions, buffer_positions, end),
+        memory_keys=memory[0],
+        memory_values=memory[1],
+        landmark_keys=memory_landmarks,
+        retrieval_indices=retrieval_indices,
+        retrieval_weights=retrieval_weights,
+        retrieval_chunks=retrieval_chunks,
+        recent_positions=recent_positions,
+        stream_lengths=end,
+        lengths=cache.lengths + length,
+    )
+
+
+def init_params(config: GCAConfig, rng: jax.Array):
+    """Randomly initialised parameters (unboxed), for tests and training from scratch."""
+    return nn.meta.unbox(_init_params_jit(config, rng))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params_jit(config: GCAConfig, rng: jax.Array):
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return GCA(config).init(rng, tokens, tokens)["params"]
+
+
+def gca_from_config(model_config) -> GCA:
+    """A model factory for ``lhc.train`` (``config.model_factory = "lhc.gca:gca_from_config"``):
+    ``GCA`` from a ConfigDict of ``GCAConfig`` fields.
+
+    Raises:
+        ValueError: a field unknown to ``GCAConfig``.
+    """
+    try:
+        return GCA(GCAConfig.from_dict(dict(model_config)))
+    except TypeError as error:
+        raise ValueError(f"config.model: {error}") from error
