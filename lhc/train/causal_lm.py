@@ -202,9 +202,10 @@ def _check_protocol_output(output, tokens_shape, path: str) -> None:
 
 def chance_loss(data_config) -> float | None:
     """Cross-entropy of the best guess that ignores the context (uniform answers)."""
-    if data_config.name == "associative_recall":
+    name = data_config.get("name")
+    if name == "associative_recall":
         return math.log(data_config.num_values)
-    if data_config.name == "copy":
+    if name == "copy":
         return math.log(data_config.vocab_size - 1)
     return None
 

@@ -24,6 +24,7 @@ from lhc.data.iterators import DataIterator
 # Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
+    "passkey": "lhc.train.passkey:PasskeyTask",
 }
 _DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _IMPORT_PATH = re.compile(rf"({_DOTTED_NAME}):({_DOTTED_NAME})")

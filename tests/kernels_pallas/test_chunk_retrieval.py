@@ -416,12 +416,12 @@ def test_invalid_arguments_raise(overrides, kwargs, match):
 
 def test_traced_out_of_range_indices_are_empty_slots():
     inputs = _small(
-        q=jax.random.normal(jax.random.key(0), (2, 3, 4, 4, 8)),
-        k_mem=jax.random.normal(jax.random.key(1), (2, 5, 4, 2, 8)),
-        v_mem=jax.random.normal(jax.random.key(2), (2, 5, 4, 2, 8)),
+        q=jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 4, 4, 8)), jnp.float32),
+        k_mem=jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, 4, 2, 8)), jnp.float32),
+        v_mem=jnp.asarray(np.random.default_rng(2).standard_normal((2, 5, 4, 2, 8)), jnp.float32),
         weights=jnp.ones((2, 3, 2)),
     )
     far = jnp.array([[[0, 7]] * 3] * 2, jnp.int32)  # 7 >= N = 5
     run = jax.jit(lambda i: chunk_retrieval(**{**inputs, "indices": i}, impl="xla"))
-    expected = chunk_retrieval(**{**inputs, "indices": far.at[..., 1].set(-1)}, impl="xla")
-    np.testing.assert_array_equal(np.asarray(run(far)), np.asarray(expected))
+    # One compiled program: a traced index outside [0, N) acts as -1.
+    np.testing.assert_array_equal(np.asarray(run(far)), np.asarray(run(far.at[..., 1].set(-1))))

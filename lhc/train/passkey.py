@@ -1,0 +1,82 @@
+"""Passkey retrieval as a training task for any causal LM, with a length x depth evaluation.
+
+``config.task = "passkey"``; the model comes from ``config.model_factory`` as in the
+causal-LM task (a GCA, recurrent or dense ``lhc.lm`` model). Training sequences are
+``lhc.data.passkey`` examples of ``config.data.length`` byte tokens
+(``lhc.lm.ByteTokenizer``, ids 0-258) with the needle at a uniform depth; the loss
+counts the answer digits. ``evaluate`` reports the loss and digit accuracy on held-out
+batches of the training length and, when ``config.passkey_eval.lengths`` is not empty,
+the passkey accuracy over ``lengths`` x ``depths`` (``lhc.lm.passkey``), with a markdown
+table and a heat map written to ``config.passkey_eval.output_dir`` when that is set.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+
+from lhc.data.iterators import row_rngs, stack_rows
+from lhc.data.passkey import Filler, passkey_batch
+from lhc.lm.passkey import passkey_accuracy
+from lhc.lm.tokenizers import ByteTokenizer
+from lhc.train.causal_lm import CausalLMTask
+from lhc.train.tasks import register_task
+
+
+@register_task("passkey")
+class PasskeyTask(CausalLMTask):
+    """Config keys: those of ``CausalLMTask`` with ``data`` = ``length`` (tokens per
+    training sequence), ``filler_paths`` (``None`` for the generated filler, or a list of
+    text files), ``digits``; and ``passkey_eval`` = ``lengths``, ``depths``, ``samples``,
+    ``batch_size``, ``prefill_chunk``, ``output_dir`` (optional)."""
+
+    tokenizer = ByteTokenizer()
+
+    def _filler(self) -> Filler:
+        paths = self.config.data.get("filler_paths")
+        return Filler(None if paths is None else list(paths))
+
+    def _generator_kwargs(self) -> dict:
+        data = self.config.data
+        return dict(
+            length=int(data.length) + 1,  # inputs plus the last target
+            tokenizer=self.tokenizer,
+            filler=self._filler(),
+            digits=int(data.get("digits", 5)),
+        )
+
+    def _make_batch(self, seed, index, rows):
+        kwargs = self._generator_kwargs()
+        return stack_rows(lambda rng: passkey_batch(rng, 1, **kwargs), row_rngs(seed, index, rows))
+
+    def evaluate(self, params):
+        metrics = super().evaluate(params)
+        # Uniform guessing of the digits (the first is never 0).
+        digits = int(self.config.data.get("digits", 5))
+        metrics["eval/chance_loss"] = (math.log(9) + (digits - 1) * math.log(10)) / digits
+        settings = self.config.get("passkey_eval")
+        if settings is None or not settings.get("lengths"):
+            return metrics
+        result = passkey_accuracy(
+            self.model,
+            params,
+            self.tokenizer,
+            lengths=[int(n) for n in settings.lengths],
+            depths=[float(d) for d in settings.depths],
+            samples=int(settings.samples),
+            seed=int(self.config.seed) + 2_000_003,
+            filler=self._filler(),
+            prefill_chunk=int(settings.get("prefill_chunk", 1024)),
+            batch_size=settings.get("batch_size"),
+        )
+        metrics.update(result.metrics())
+        output_dir = settings.get("output_dir")
+        if output_dir and jax.process_index() == 0:
+            os.makedirs(output_dir, exist_ok=True)
+            with open(os.path.join(output_dir, "passkey_table.md"), "w") as handle:
+                handle.write(result.table() + "\n")
+            result.plot(os.path.join(output_dir, "passkey_heatmap.png"))
+        print(result.table())
+        return metrics

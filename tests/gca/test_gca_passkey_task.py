@@ -1,0 +1,43 @@
+"""configs/gca_passkey.py through the trainer: a few steps of the passkey task on GCA,
+then the length x depth evaluation with its table and heat map."""
+
+import os
+
+from lhc.train import config as config_lib
+from lhc.train import train_and_evaluate
+
+
+def test_passkey_config_trains_and_evaluates_gca(tmp_path):
+    out = tmp_path / "eval"
+    config = config_lib.load_config(
+        "configs/gca_passkey.py:tiny,runlocal",
+        [
+            "num_steps=2",
+            "batch_size=2",
+            "data.length=128",
+            "progress_bar=False",
+            "eval_batches=1",
+            # A smaller model than the config's, so that the test compiles quickly.
+            "model.embed_dim=32",
+            "model.num_heads=2",
+            "model.num_kv_heads=2",
+            "model.head_dim=16",
+            "model.mlp_dim=64",
+            "model.lower_layers=1",
+            "model.upper_layers=(1,)",
+            "model.chunk_size=16",
+            "model.window=33",
+            "tensorboard=False",
+            "passkey_eval.lengths=(192,)",
+            "passkey_eval.depths=(0.5,)",
+            "passkey_eval.samples=2",
+            "passkey_eval.batch_size=2",
+            "passkey_eval.prefill_chunk=64",
+            f"passkey_eval.output_dir={out}",
+        ],
+    )
+    summary = train_and_evaluate(config, str(tmp_path / "run"))
+    assert 0 <= summary["eval/accuracy"] <= 1
+    assert "passkey/accuracy/192/0.5" in summary
+    assert os.path.getsize(out / "passkey_heatmap.png") > 0
+    assert "| 192 |" in (out / "passkey_table.md").read_text()
