@@ -97,6 +97,8 @@ class WindowAttentionLayer(nn.Module):
             head_dim=cfg.head_dim,
             window=cfg.window,
             position_encoding="alibi",
+            # The stream of a plain forward pass has contiguous positions.
+            banded=True,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             name="attention",

@@ -167,6 +167,90 @@ def attention_segments(
     return out.reshape(batch, length, num_heads, head_dim).astype(segments[0][1].dtype)
 
 
+def banded_self_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    positions: jax.Array,
+    *,
+    window: int,
+    scale: float | None = None,
+    alibi_slopes: jax.Array | np.ndarray | None = None,
+    block: int = 64,
+) -> jax.Array:
+    """Sliding-window self-attention in ``O(T * (window + block))``, in plain XLA.
+
+    For a self-attention call (no cache) whose real tokens sit in slot order with
+    contiguous positions (position ``p`` in slot ``p + offset``; padding, position -1,
+    anywhere after or between rows' tokens is fine as long as each real token's window
+    lies in the slots just before it): the slots are cut into blocks of ``block``, and
+    each query block attends only to itself and the ``ceil((window - 1) / block)``
+    blocks before it, under the usual position mask (``attention_mask``) and optional
+    ALiBi. It equals ``dot_product_attention(..., window=window)`` on such inputs while
+    computing ``T x (window + block)`` scores instead of ``T x T``.
+
+    Args:
+        query: ``[B, T, N, H]``.
+        key, value: ``[B, T, K, H]``.
+        positions: int ``[B, T]``.
+        window: ``W >= 1``.
+        scale: score multiplier, ``H ** -0.5`` by default.
+        alibi_slopes: ``None`` or float ``[N]``.
+        block: slots per block.
+
+    Returns:
+        ``[B, T, N, H]`` in the value dtype.
+    """
+    _check_attention_inputs(query, key, value, positions, positions)
+    batch, length, num_heads, head_dim = query.shape
+    num_kv_heads, group = key.shape[2], num_heads // key.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    block = max(1, min(block, length))
+    before = -(-(window - 1) // block)  # earlier blocks a query's window may reach
+    num_blocks = -(-length // block)
+    pad = num_blocks * block - length
+    pad_slots = lambda x, value=0: jnp.pad(
+        x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2), constant_values=value
+    )
+    q = pad_slots(query).reshape(batch, num_blocks, block, num_kv_heads, group, head_dim)
+    q_pos = pad_slots(positions, -1).reshape(batch, num_blocks, block)
+
+    def with_history(x, value=0):
+        # [B, nb, (before + 1) * block, ...]: the blocks i - before .. i for each block i.
+        x = jnp.pad(
+            pad_slots(x, value),
+            ((0, 0), (before * block, 0)) + ((0, 0),) * (x.ndim - 2),
+            constant_values=value,
+        )
+        parts = [
+            x[:, j * block : j * block + num_blocks * block].reshape(
+                batch, num_blocks, block, *x.shape[2:]
+            )
+            for j in range(before + 1)
+        ]
+        return jnp.concatenate(parts, axis=2)
+
+    k, v, k_pos = with_history(key), with_history(value), with_history(positions, -1)
+    scores = jnp.einsum("BIQKGH,BISKH->BIKGQS", q, k, preferred_element_type=jnp.float32)
+    scores = scores * jnp.float32(scale)
+    distance = q_pos[..., :, None] - k_pos[..., None, :]  # [B, nb, Q, S]
+    if alibi_slopes is not None:
+        slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
+        scores = scores - slopes[:, :, None, None] * distance[:, :, None, None].astype(jnp.float32)
+    mask = (k_pos[..., None, :] >= 0) & (q_pos[..., :, None] >= 0) & (distance >= 0)
+    mask = (mask & (distance < window))[:, :, None, None]
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    probs = jnp.where(mask, probs, 0.0)
+    total = jnp.sum(probs, axis=-1, keepdims=True)
+    probs = probs / jnp.where(total > 0, total, 1.0)
+    out = jnp.einsum(
+        "BIKGQS,BISKH->BIQKGH", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    out = out.reshape(batch, num_blocks * block, num_heads, head_dim)[:, :length]
+    return out.astype(value.dtype)
+
+
 def weighted_values(probs: jax.Array, value: jax.Array) -> jax.Array:
     """float32 ``[B, K, Q, H]``: ``probs [B, K, Q, S]`` times ``value [B, S, K, H]``.
 
@@ -491,6 +575,9 @@ class Attention(nn.Module):
         position_encoding: ``"rope"`` (rotary embeddings on queries and keys) or
             ``"alibi"`` (no rotation; ALiBi biases with ``alibi_slopes(num_heads)``, which
             needs ``attention_impl="xla"``).
+        banded: without a cache, compute the windowed attention block-banded
+            (``banded_self_attention``); needs a ``window`` and inputs whose real tokens
+            have contiguous positions in slot order.
     """
 
     num_heads: int
@@ -505,6 +592,7 @@ class Attention(nn.Module):
     param_dtype: DTypeLike = jnp.float32
     kernel_layout: str = "in_out"
     position_encoding: str = "rope"
+    banded: bool = False
 
     @nn.compact
     def __call__(
@@ -558,7 +646,18 @@ class Attention(nn.Module):
         key = nn.with_logical_constraint(key, kv_axes)
         value = nn.with_logical_constraint(value, kv_axes)
 
-        if cache is None:
+        if cache is None and self.banded:
+            if self.window is None:
+                raise ValueError("banded attention needs a window")
+            attended = banded_self_attention(
+                query.astype(self.dtype),
+                key.astype(self.dtype),
+                value.astype(self.dtype),
+                positions,
+                window=self.window,
+                alibi_slopes=settings.get("alibi_slopes"),
+            )
+        elif cache is None:
             attended = KVView(keys=key, values=value, positions=positions).attend(
                 query, positions, **settings
             )

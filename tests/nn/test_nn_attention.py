@@ -209,3 +209,25 @@ def test_registered_memory_efficient_impls_match_xla_in_the_model(impl):
     (want_full, want_cached), (got_full, got_cached) = run_all(params)
     np.testing.assert_allclose(got_full, want_full, atol=2e-5)
     np.testing.assert_allclose(got_cached, want_cached, atol=2e-5)
+
+
+@pytest.mark.parametrize("window, block", [(5, 4), (9, 16), (1, 3)])
+def test_banded_self_attention_equals_windowed_attention(window, block):
+    rng = np.random.default_rng(window)
+    batch, length, num_heads, num_kv_heads, head_dim = 2, 23, 4, 2, 8
+    q = jnp.asarray(rng.normal(size=(batch, length, num_heads, head_dim)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(batch, length, num_kv_heads, head_dim)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(batch, length, num_kv_heads, head_dim)), jnp.float32)
+    # Row 0 from position 0; row 1 from 0 after 2 padding slots, with padding at the end.
+    positions = np.tile(np.arange(length), (batch, 1))
+    positions[1] = np.concatenate([[-1, -1], np.arange(length - 5), [-1, -1, -1]])
+    positions = jnp.asarray(positions, jnp.int32)
+    slopes = lnn.alibi_slopes(num_heads)
+    for alibi in (None, slopes):
+        expected = lnn.dot_product_attention(
+            q, k, v, positions, positions, window=window, alibi_slopes=alibi
+        )
+        got = lnn.banded_self_attention(
+            q, k, v, positions, window=window, alibi_slopes=alibi, block=block
+        )
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
