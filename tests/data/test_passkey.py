@@ -88,3 +88,12 @@ def test_cached_predictions_equal_the_full_forward():
     )
     assert 0 <= result.accuracy[0, 0] <= 1 and np.isnan(result.accuracy[1, 0])
     assert "| 120 |" in result.table() and "n/a" in result.table()
+    assert result.metrics() == {"passkey/accuracy/120/0.5": result.accuracy[0, 0]}
+
+
+def test_heat_map_png(tmp_path):
+    from lhc.lm.passkey import PasskeyResult
+
+    result = PasskeyResult((512, 2048), (0.0, 1.0), np.array([[1.0, 0.5], [np.nan, 0.0]]), 4)
+    result.plot(str(tmp_path / "map.png"))
+    assert (tmp_path / "map.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """configs/gca_passkey.py through the trainer: a few steps of the passkey task on GCA,
-then the length x depth evaluation with its table and heat map."""
+then the length x depth evaluation writing its table and heat map (one cell)."""
 
 import os
 
