@@ -6,20 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jax.numpy as jnp
+from lhc.lm.config import float_dtype_name
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 GCA_IMPLS = ("xla", "pallas")
-
-
-def _dtype_name(value: Any, field: str) -> str:
-    try:
-        name = jnp.dtype(value).name
-    except TypeError as error:
-        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}") from error
-    if name not in _FLOAT_DTYPES:
-        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}")
-    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +134,9 @@ class GCAConfig:
             raise ValueError(f"GCAConfig.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"GCAConfig.norm_eps must be positive, got {self.norm_eps}")
-        object.__setattr__(self, "dtype", _dtype_name(self.dtype, "GCAConfig.dtype"))
+        object.__setattr__(self, "dtype", float_dtype_name(self.dtype, "GCAConfig.dtype"))
         object.__setattr__(
-            self, "param_dtype", _dtype_name(self.param_dtype, "GCAConfig.param_dtype")
+            self, "param_dtype", float_dtype_name(self.param_dtype, "GCAConfig.param_dtype")
         )
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))

@@ -16,7 +16,8 @@ from lhc.nn.rope import validate_rope_scaling
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _dtype_name(value: Any, field: str) -> str:
+def float_dtype_name(value: Any, field: str) -> str:
+    """The canonical name of a float dtype, or a ValueError naming ``field``."""
     try:
         name = jnp.dtype(value).name
     except TypeError as error:
@@ -144,9 +145,9 @@ class LMConfig:
         object.__setattr__(self, "full_attention_layers", full_layers)
         scaling = validate_rope_scaling(self.rope_scaling)
         object.__setattr__(self, "rope_scaling", None if scaling is None else FrozenDict(scaling))
-        object.__setattr__(self, "dtype", _dtype_name(self.dtype, "LMConfig.dtype"))
+        object.__setattr__(self, "dtype", float_dtype_name(self.dtype, "LMConfig.dtype"))
         object.__setattr__(
-            self, "param_dtype", _dtype_name(self.param_dtype, "LMConfig.param_dtype")
+            self, "param_dtype", float_dtype_name(self.param_dtype, "LMConfig.param_dtype")
         )
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
