@@ -795,13 +795,11 @@ def _gpu_dq_kernel(
     *,
     scale,
     num_keys,
-    num_queries,
 ):
     """Blocks: indices, weights, d_weights [K]; q, d_out, dq [Sq, D]; k, v [N, Sk, D]."""
     q, d_out = q_ref[...], d_out_ref[...]
     num_slots = indices_ref.shape[0]
     # Padded query rows have zero d_out, so they add nothing to any gradient.
-    del num_queries
 
     def body(slot, carry):
         index = indices_ref[slot]
@@ -876,9 +874,7 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     query_spec, memory_spec = _gpu_slot_specs(q_p, k_p, group)
     slot_spec = pl.BlockSpec((None, None, padded_slots), lambda b, c, n: (b, c, 0))
     dq, d_weights = pl.pallas_call(
-        functools.partial(
-            _gpu_dq_kernel, scale=config.scale, num_keys=seq_len_k, num_queries=seq_len_q
-        ),
+        functools.partial(_gpu_dq_kernel, scale=config.scale, num_keys=seq_len_k),
         grid=(batch, num_chunks, num_heads),
         in_specs=[slot_spec, slot_spec, query_spec, memory_spec, memory_spec, query_spec],
         out_specs=[

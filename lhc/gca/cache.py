@@ -14,7 +14,7 @@ padding tokens never take a slot. The cache holds:
   which a truncation back into the last completed chunk restores).
 * ``memory_keys``, ``memory_values`` ``[B, N, S, K, H]`` and ``landmark_keys``
   ``[B, N, D]``: the encoded chunks (chunk ``j`` at index ``j``), ``N`` =
-  ``config.max_chunks``.
+  the chunks of the cache's ``max_len`` text tokens.
 * ``retrieval_indices``, ``retrieval_weights`` ``[B, G, 2, top_k]`` and
   ``retrieval_chunks`` ``[B, 2]``: per retrieval group, the retrievals made at the
   landmarks of the last two completed chunks (slot ``j % 2``); chunk ``j``'s retrieval

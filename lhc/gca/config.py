@@ -154,11 +154,6 @@ class GCAConfig:
         return self.lower_layers + sum(self.upper_layers)
 
     @property
-    def max_chunks(self) -> int:
-        """Chunks of a sequence of ``max_len`` text tokens."""
-        return -(-self.max_len // self.text_per_chunk)
-
-    @property
     def num_groups(self) -> int:
         return len(self.upper_layers)
 
