@@ -153,7 +153,10 @@ def attention_segments(
         # A finite fill keeps fully masked rows (padding queries) free of NaN.
         logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
         masks.append(mask)
-    top = functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
+    # The softmax is shift-invariant: no gradient flows through the shift.
+    top = jax.lax.stop_gradient(
+        functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
+    )
     weights = [jnp.where(m, jnp.exp(x - top), 0.0) for x, m in zip(logits, masks)]
     total = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
     # Rows that see no key (padding queries) output zero.
@@ -240,7 +243,7 @@ def banded_self_attention(
     mask = (k_pos[..., None, :] >= 0) & (q_pos[..., :, None] >= 0) & (distance >= 0)
     mask = (mask & (distance < window))[:, :, None, None]
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    probs = jnp.exp(scores - jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
     probs = jnp.where(mask, probs, 0.0)
     total = jnp.sum(probs, axis=-1, keepdims=True)
     probs = probs / jnp.where(total > 0, total, 1.0)
