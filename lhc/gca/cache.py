@@ -14,7 +14,8 @@ padding tokens never take a slot. The cache holds:
   which a truncation back into the last completed chunk restores).
 * ``memory_keys``, ``memory_values`` ``[B, N, S, K, H]`` and ``landmark_keys``
   ``[B, N, D]``: the encoded chunks (chunk ``j`` at index ``j``), ``N`` =
-  the chunks of the cache's ``max_len`` text tokens.
+  the chunks of the cache's ``max_len`` text tokens. With ``config.offload_memory``
+  the memory keys and values live in host memory.
 * ``retrieval_indices``, ``retrieval_weights`` ``[B, G, 2, top_k]`` and
   ``retrieval_chunks`` ``[B, 2]``: per retrieval group, the retrievals made at the
   landmarks of the last two completed chunks (slot ``j % 2``); chunk ``j``'s retrieval
@@ -41,6 +42,7 @@ from jax.sharding import PartitionSpec
 from lhc.gca.config import GCAConfig
 from lhc.lm.cache import is_concrete, positions_to_lengths, put_slots, read_before_write
 from lhc.nn.attention import after as after_
+from lhc.parallel.offload import to_host
 
 
 def stream_position(text_positions: jax.Array, text_per_chunk: int) -> jax.Array:
@@ -291,6 +293,8 @@ def init_gca_cache(config: GCAConfig, batch_size: int, max_len: int | None = Non
     retrieval_shape = (batch_size, config.num_groups, 2, config.top_k)
     memory_keys = jnp.zeros(memory_shape, dtype)
     memory_values = jnp.zeros(memory_shape, dtype)
+    if config.offload_memory:
+        memory_keys, memory_values = to_host(memory_keys), to_host(memory_values)
     return GCACache(
         window_keys=tuple(jnp.zeros(window_shape, dtype) for _ in range(config.num_window_layers)),
         window_values=tuple(

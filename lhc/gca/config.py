@@ -47,6 +47,12 @@ class GCAConfig:
         tie_embeddings: the output projection reuses the embedding table.
         gca_impl: ``"xla"`` or ``"pallas"``, the ``kernels_pallas.chunk_retrieval``
             implementation (Pallas runs interpreted on CPU).
+        offload_memory: the cache keeps the chunk memory (keys and values) in host
+            memory (``lhc.parallel.offload``): each call writes its new chunks there
+            and gathers only the retrieved chunks to the device, so context is bounded
+            by host memory. The landmark keys and windows stay on the device; a plain
+            forward pass (no cache) is unaffected. An inference setting: parameters
+            and outputs are the same either way.
         dtype: compute dtype name.
         param_dtype: storage dtype name.
     """
@@ -69,6 +75,7 @@ class GCAConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = True
     gca_impl: str = "xla"
+    offload_memory: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
 
@@ -126,6 +133,10 @@ class GCAConfig:
                 f"{self.vocab_size}), got {self.landmark_id!r}"
             )
         object.__setattr__(self, "landmark_id", landmark)
+        if not isinstance(self.offload_memory, bool):
+            raise ValueError(
+                f"GCAConfig.offload_memory must be a bool, got {self.offload_memory!r}"
+            )
         if self.gca_impl not in GCA_IMPLS:
             raise ValueError(
                 f"GCAConfig.gca_impl must be one of {GCA_IMPLS}, got {self.gca_impl!r}"

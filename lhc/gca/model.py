@@ -75,6 +75,7 @@ from lhc.nn.linear import Einsum, Embed
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
 from lhc.nn.rope import apply_rope, rope_frequencies
+from lhc.parallel.offload import host_put_rows, host_take_rows
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
 
@@ -499,13 +500,14 @@ class GCA(nn.Module):
             memory_landmarks = landmark_keys
         else:
             slot = jnp.where(chunk_valid, chunk_ids, cache.memory_keys.shape[1])
-            memory = tuple(
-                stored.at[rows, slot].set(new.astype(stored.dtype), mode="drop")
-                for stored, new in (
-                    (cache.memory_keys, new_keys),
-                    (cache.memory_values, new_values),
+            stores = ((cache.memory_keys, new_keys), (cache.memory_values, new_values))
+            if cfg.offload_memory:
+                memory = tuple(host_put_rows(stored, slot, new) for stored, new in stores)
+            else:
+                memory = tuple(
+                    stored.at[rows, slot].set(new.astype(stored.dtype), mode="drop")
+                    for stored, new in stores
                 )
-            )
             memory_landmarks = cache.landmark_keys.at[rows, slot].set(
                 landmark_keys.astype(cache.landmark_keys.dtype), mode="drop"
             )
@@ -554,10 +556,19 @@ class GCA(nn.Module):
                 jnp.concatenate([before[0], indices], axis=1),
                 jnp.concatenate([before[1], weights], axis=1),
             )
+            group_memory = memory
+            if cache is not None and cfg.offload_memory:
+                # Only the chunks this call's table names come to the device, as a
+                # compact memory whose chunk r * top_k + k is the table's [r, k].
+                group_memory = tuple(host_take_rows(stored, table[0]) for stored in memory)
+                group_memory = tuple(m.reshape(batch, -1, *m.shape[3:]) for m in group_memory)
+                compact = jnp.arange(table[0].shape[1] * cfg.top_k, dtype=jnp.int32)
+                compact = compact.reshape(table[0].shape[1:])
+                table = (jnp.where(table[0] >= 0, compact, -1), table[1])
             retrieval = tuple(_rows_take(part, table_rows) for part in table)
             for index in range(num_layers):
                 x, layer_cache = UpperBlock(cfg, name=f"upper_{group}_{index}")(
-                    x, entry_positions, handle(layer), memory, retrieval, grid=grid
+                    x, entry_positions, handle(layer), group_memory, retrieval, grid=grid
                 )
                 layers = None if layer_cache is None else layer_cache.layers
                 layer += 1

@@ -1,4 +1,4 @@
-"""Meshes, logical-axis rules, sharded initialisation and multi-host start."""
+"""Meshes, logical-axis rules, sharded initialisation, multi-host start, host offload."""
 
 from lhc.parallel.mesh import (
     LOGICAL_AXIS_RULES,
@@ -17,8 +17,13 @@ from lhc.parallel.mesh import (
     tree_bytes,
     unbox,
 )
+from lhc.parallel.offload import host_put_rows, host_take_rows, to_device, to_host
 
 __all__ = [
+    "host_put_rows",
+    "host_take_rows",
+    "to_device",
+    "to_host",
     "LOGICAL_AXIS_RULES",
     "long_context_decode_rules",
     "MESH_AXES",

@@ -26,10 +26,10 @@ PIECES = (9, 1) * 4
 
 
 @functools.cache
-def _setup(impl: str = "xla"):
-    config = CONFIG.replace(gca_impl=impl)
+def _setup(impl: str = "xla", offload: bool = False):
+    config = CONFIG.replace(gca_impl=impl, offload_memory=offload)
     model = GCA(config)
-    params = init_params(config, jax.random.key(0))
+    params = init_params(config.replace(offload_memory=False), jax.random.key(0))
     return model, params, jax.jit(model.apply)
 
 
@@ -59,8 +59,9 @@ def _incremental(apply, params, tokens, positions, cache, pieces):
     return jnp.concatenate(outs, axis=1), cache
 
 
-def test_incremental_decoding_equals_full_forward():
-    model, params, apply = _setup()
+@pytest.mark.parametrize("offload", [False, True])
+def test_incremental_decoding_equals_full_forward(offload):
+    model, params, apply = _setup(offload=offload)
     tokens, positions = _batch()
     full, _ = apply({"params": params}, tokens, positions)
     assert full.shape == (BATCH, LENGTH, CONFIG.vocab_size)
@@ -72,6 +73,11 @@ def test_incremental_decoding_equals_full_forward():
     assert np.asarray(cache.num_chunks()).tolist() == [LENGTH // 7, (LENGTH - LEFT_PAD) // 7]
     # The landmark is never predicted as text.
     assert np.all(np.argmax(np.asarray(full), axis=-1) != CONFIG.landmark_id)
+    # With offload, the chunk memory stays in host memory through every call.
+    memory_kind = "pinned_host" if offload else jax.devices()[0].default_memory().kind
+    for stored in (cache.memory_keys, cache.memory_values):
+        assert stored.sharding.memory_kind == memory_kind
+    assert cache.landmark_keys.sharding.memory_kind != "pinned_host"
 
 
 def test_retrieval_changes_the_output_beyond_the_window():
