@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 BENCHMARKS = {
+    "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
 }

@@ -75,7 +75,9 @@ def decode_bytes_per_token(
     )
 
 
-def _random_params(config: LMConfig, seed: int = 0) -> Any:
+def random_params(config: LMConfig, seed: int = 0) -> Any:
+    """Random normal parameters of ``config`` (scaled by ``embed_dim ** -0.5``), from numpy
+    (fast to make at any size; no initialiser is compiled)."""
     rng = np.random.default_rng(seed)
     abstract = nn.meta.unbox(abstract_params(config))
     scale = config.embed_dim**-0.5
@@ -125,7 +127,8 @@ def _decode_recompute(model, params, prompt, steps, width):
     return tokens.T
 
 
-def _best_time(fn, repeats: int) -> float:
+def best_time(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (after one warm-up call), seconds."""
     jax.block_until_ready(fn())  # compile and warm up
     times = []
     for _ in range(repeats):
@@ -140,7 +143,7 @@ def measure(
 ) -> dict[str, Any]:
     """Prefill and decode throughput of ``config`` on the default device."""
     model = Transformer(config)
-    params = _random_params(config)
+    params = random_params(config)
     prompt = jnp.asarray(
         np.random.default_rng(1).integers(0, config.vocab_size, (batch_size, prompt_len)), jnp.int32
     )
@@ -150,12 +153,12 @@ def measure(
             f"--prompt-len {prompt_len} + --decode-steps {decode_steps} exceeds {name} max_len "
             f"{config.max_len}"
         )
-    prefill_s = _best_time(lambda: _prefill(model, params, prompt, width), repeats)
+    prefill_s = best_time(lambda: _prefill(model, params, prompt, width), repeats)
     first_token, cache = _prefill(model, params, prompt, width)
-    cached_s = _best_time(
+    cached_s = best_time(
         lambda: _decode_cached(model, params, first_token, cache, decode_steps), repeats
     )
-    recompute_s = _best_time(
+    recompute_s = best_time(
         lambda: _decode_recompute(model, params, prompt, decode_steps, width), repeats
     )
     cached_tokens = _decode_cached(model, params, first_token, cache, decode_steps)
@@ -327,7 +330,7 @@ def _prefill_worker(name: str, prompt_len: int, chunk_size: int, impl: str) -> d
     import resource
 
     config = _config(name).replace(max_len=max(prompt_len, 1), attention_impl=impl)
-    params = _random_params(config)
+    params = random_params(config)
     model = Transformer(config)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (1, prompt_len)))
     positions = jnp.arange(prompt_len, dtype=jnp.int32)[None]

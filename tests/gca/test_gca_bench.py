@@ -1,0 +1,34 @@
+"""lhc bench gca at toy sizes: its rows, its memory accounting and its table (timings
+are printed, never checked)."""
+
+import numpy as np
+
+from lhc.gca import GCAConfig
+from lhc.gca.bench import measure, table
+from lhc.lm.config import LMConfig
+
+
+def test_bench_rows_account_memory_by_where_it_lives():
+    gca = GCAConfig.tiny(max_len=1024)
+    dense = LMConfig(
+        vocab_size=gca.vocab_size, num_layers=2, embed_dim=32, num_heads=4, num_kv_heads=2,
+        head_dim=8, mlp_dim=64, max_len=1024,
+    )  # fmt: skip
+    contexts, steps, repeats = (100,), 2, 1
+    rows = measure(contexts, steps, repeats, configs=(gca, dense))
+    assert [row["context"] for row in rows] == list(contexts)
+    extra = steps * (repeats + 1) + 1
+    for row in rows:
+        cache_len = row["context"] + extra
+        chunks = -(-cache_len // gca.text_per_chunk)
+        memory = 2 * chunks * gca.chunk_size * gca.num_kv_heads * gca.head_dim * 4  # f32 K, V
+        assert row["gca_cache_bytes"]["host"] == 0
+        assert row["gca_offload_cache_bytes"]["host"] == memory
+        assert row["gca_offload_cache_bytes"]["device"] + memory == row["gca_cache_bytes"]["device"]
+        assert row["gca_s_per_token"] > 0 and row["gca_offload_s_per_token"] > 0
+    # Dense keys and values for every slot of every layer.
+    kv = 2 * dense.num_layers * dense.num_kv_heads * dense.head_dim * 4
+    assert rows[0]["dense_cache_bytes"]["device"] >= kv * (100 + extra)
+    assert np.isfinite(rows[0]["dense_s_per_token"])
+    text = table(rows)
+    assert text.count("\n| ") == len(contexts)
