@@ -1,7 +1,9 @@
-"""Data sources shared by several methods: generated tasks and checkpointable iterators."""
+"""Data sources shared by several methods: generated tasks, tfds text windows and
+checkpointable iterators."""
 
 from lhc.data.iterators import DataIterator, IndexedIterator, row_rngs, stack_rows
 from lhc.data.synthetic import associative_recall, copy_task
+from lhc.data.text import TfdsText
 
 __all__ = [
     "DataIterator",
@@ -10,4 +12,5 @@ __all__ = [
     "stack_rows",
     "associative_recall",
     "copy_task",
+    "TfdsText",
 ]

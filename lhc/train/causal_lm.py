@@ -124,6 +124,10 @@ class CausalLMTask(Task):
             process_count=process_count,
         )
 
+    def _eval_iterator(self, process_index: int, process_count: int) -> IndexedIterator:
+        eval_seed = int(self.config.seed) + 1_000_003  # a stream disjoint from training
+        return self._iterator(eval_seed, process_index, process_count)
+
     def batch_spec(self, batch_size):
         example = self._make_batch(0, 0, range(1))
         return {
@@ -142,7 +146,7 @@ class CausalLMTask(Task):
     def train_iterator(self, process_index, process_count):
         return self._iterator(int(self.config.seed), process_index, process_count)
 
-    def _forward_metrics(self, params, batch, rng=None):
+    def _logits(self, params, batch, rng=None):
         tokens = batch["tokens"]
         positions = jnp.broadcast_to(
             jnp.arange(tokens.shape[1], dtype=jnp.int32)[None], tokens.shape
@@ -151,6 +155,10 @@ class CausalLMTask(Task):
         # (GCA's Gumbel retrieval noise); a model without such noise ignores it.
         rngs = None if rng is None else {"train": rng}
         logits, _ = self.model.apply({"params": params}, tokens, positions, rngs=rngs)
+        return logits
+
+    def _forward_metrics(self, params, batch, rng=None):
+        logits = self._logits(params, batch, rng)
         return weighted_cross_entropy(logits, batch["targets"], batch["weights"])
 
     def loss(self, params, batch, rng):
@@ -159,8 +167,7 @@ class CausalLMTask(Task):
 
     def evaluate(self, params):
         """Loss and answer accuracy on ``config.eval_batches`` held-out batches."""
-        eval_seed = int(self.config.seed) + 1_000_003  # a stream disjoint from training
-        iterator = self._iterator(eval_seed, jax.process_index(), jax.process_count())
+        iterator = self._eval_iterator(jax.process_index(), jax.process_count())
         step = jax.jit(self._forward_metrics)
         total_loss = total_correct = total_tokens = 0.0
         for _ in range(int(self.config.eval_batches)):

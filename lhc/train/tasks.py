@@ -25,6 +25,7 @@ from lhc.data.iterators import DataIterator
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
     "passkey": "lhc.train.passkey:PasskeyTask",
+    "text_lm": "lhc.train.text_lm:TextLMTask",
 }
 _DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _IMPORT_PATH = re.compile(rf"({_DOTTED_NAME}):({_DOTTED_NAME})")

@@ -1,0 +1,72 @@
+r"""GCA, the paper's 128M setting, pre-trained on PG-19 (tfds ``pg19``) for a TPU slice.
+
+    lhc compile --config configs/gca_pg19.py --topology v5p:2x2x2
+    lhc train --config configs/gca_pg19.py --workdir gs://BUCKET/gca_pg19 \
+        --config.data.data_dir=gs://BUCKET/tensorflow_datasets \
+        --config.data.tokenizer=/path/to/gpt2/tokenizer.json
+
+The official run (``scripts/pretrain_pg19.sh``, ``config/DRT/config_63.json``):
+``GCAConfig.paper_128m`` (d 768, 12 heads of 64, 6 lower layers, a 2-layer chunk encoder,
+6 upper layers in one retrieval group, 64-position chunks, top-8, window 512 = lhc's 513),
+GPT-2 tokens with the landmark as id 50264, windows of 16380 text tokens (260 chunks),
+batch 4 per GPU on 8 GPUs (32 here, data parallel), 60k steps, AdamW at 2e-3 with 2%
+warm-up and cosine decay to 4e-4, betas (0.9, 0.95), weight decay 0.001, clipping 1.0,
+bfloat16 compute. PG-19 must be prepared under ``data_dir`` beforehand
+(``tfds build pg19``; nothing is downloaded by lhc), and GPT-2's ``tokenizer.json`` is a
+file the user supplies.
+
+Add ``runlocal`` for a CPU smoke test of the same wiring at toy sizes
+(``--config.data.tfds_name`` / ``data_dir`` pointing at any prepared text dataset).
+"""
+
+import dataclasses
+
+import ml_collections
+
+from lhc.gca import GCAConfig
+from lhc.train.config import base_config, parse_arg
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    config = base_config("text_lm")
+    config.seed = 0
+    config.num_steps = 60_000
+    config.batch_size = 32
+    config.eval_batches = 8
+    config.log_every = 50
+    config.checkpoint_every = 1000
+    config.data = ml_collections.ConfigDict(
+        dict(
+            tfds_name="pg19",
+            data_dir=None,
+            feature="book_text",
+            split="train",
+            eval_split="validation",
+            length=16_380,
+            tokenizer="gpt2/tokenizer.json",
+        )
+    )
+    model = GCAConfig.paper_128m(gca_impl="pallas", dtype="bfloat16", param_dtype="float32")
+    if arg.runlocal:
+        model = GCAConfig.tiny(vocab_size=260, landmark_id=259, max_len=1 << 16)
+        config.num_steps, config.batch_size, config.eval_batches = 4, 2, 1
+        config.data.length, config.data.tokenizer = 126, "bytes"
+        config.data.feature = "text"
+    config.model_factory = "lhc.gca:gca_from_config"
+    config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=2e-3,
+            warmup_steps=config.num_steps // 50,
+            schedule="cosine",
+            end_lr_fraction=0.2,
+            b1=0.9,
+            b2=0.95,
+            eps=1e-8,
+            weight_decay=0.001,
+            grad_clip_norm=1.0,
+        )
+    )
+    return config
