@@ -4,7 +4,10 @@
 causal-LM task (a GCA, recurrent or dense ``lhc.lm`` model). Training sequences are
 ``lhc.data.passkey`` examples of ``config.data.length`` byte tokens
 (``lhc.lm.ByteTokenizer``, ids 0-258) with the needle at a uniform depth; the loss
-counts the answer digits. ``evaluate`` reports the loss and digit accuracy on held-out
+counts the answer digits, plus ``config.data.lm_loss_weight`` (default 0) times the
+next-token loss over the whole sequence (filler, needle and question too: a language
+modelling signal on every token, from which copying is learnt long before the sparse
+answer loss alone teaches it). ``evaluate`` reports the loss and digit accuracy on held-out
 batches of the training length and, when ``config.passkey_eval.lengths`` is not empty,
 the passkey accuracy over ``lengths`` x ``depths`` (``lhc.lm.passkey``), with a markdown
 table and a heat map written to ``config.passkey_eval.output_dir`` when that is set.
@@ -16,12 +19,13 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.data.passkey import Filler, passkey_batch
 from lhc.lm.passkey import passkey_accuracy
 from lhc.lm.tokenizers import ByteTokenizer
-from lhc.train.causal_lm import CausalLMTask
+from lhc.train.causal_lm import CausalLMTask, weighted_cross_entropy
 from lhc.train.tasks import register_task
 
 
@@ -29,7 +33,7 @@ from lhc.train.tasks import register_task
 class PasskeyTask(CausalLMTask):
     """Config keys: those of ``CausalLMTask`` with ``data`` = ``length`` (tokens per
     training sequence), ``filler_paths`` (``None`` for the generated filler, or a list of
-    text files), ``digits``; and ``passkey_eval`` = ``lengths``, ``depths``, ``samples``,
+    text files), ``digits``, ``lm_loss_weight``; and ``passkey_eval`` = ``lengths``, ``depths``, ``samples``,
     ``batch_size``, ``prefill_chunk``, ``output_dir`` (optional)."""
 
     tokenizer = ByteTokenizer()
@@ -50,6 +54,21 @@ class PasskeyTask(CausalLMTask):
     def _make_batch(self, seed, index, rows):
         kwargs = self._generator_kwargs()
         return stack_rows(lambda rng: passkey_batch(rng, 1, **kwargs), row_rngs(seed, index, rows))
+
+    def loss(self, params, batch, rng):
+        """The answer digits' loss, plus ``lm_loss_weight`` times every token's."""
+        lm_weight = float(self.config.data.get("lm_loss_weight", 0.0))
+        if lm_weight < 0:
+            raise ValueError(f"config.data.lm_loss_weight must be >= 0, got {lm_weight}")
+        logits = self._logits(params, batch, rng)
+        loss, accuracy, _ = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
+        metrics = {"accuracy": accuracy, "answer_loss": loss}
+        if lm_weight:
+            every = jnp.ones_like(batch["weights"])
+            lm_loss, _, _ = weighted_cross_entropy(logits, batch["targets"], every)
+            metrics["lm_loss"] = lm_loss
+            loss = loss + lm_weight * lm_loss
+        return loss, metrics
 
     def evaluate(self, params):
         metrics = super().evaluate(params)
