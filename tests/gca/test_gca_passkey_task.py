@@ -41,3 +41,26 @@ def test_passkey_config_trains_and_evaluates_gca(tmp_path):
     assert "passkey/accuracy/192/0.5" in summary
     assert os.path.getsize(out / "passkey_heatmap.png") > 0
     assert "| 192 |" in (out / "passkey_table.md").read_text()
+
+
+def test_lm_loss_weight_adds_every_tokens_loss_to_the_answers():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from lhc.train import build_experiment
+
+    overrides = ["batch_size=2", "data.length=112", "data.lm_loss_weight=0.5"]
+    config = config_lib.load_config("configs/gca_passkey.py:tiny,runlocal", overrides)
+    task = build_experiment(config).task
+    batch = next(task.train_iterator(0, 1))
+    # The loss's arithmetic is under test, not the model: logits stand in for its output.
+    logits = np.random.default_rng(0).normal(size=batch["targets"].shape + (260,))
+    task._logits = lambda params, batch, rng: jnp.asarray(logits, jnp.float32)
+    loss, metrics = task.loss(None, batch, None)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    answer = (nll * batch["weights"]).sum() / batch["weights"].sum()
+    np.testing.assert_allclose(float(metrics["answer_loss"]), answer, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["lm_loss"]), nll.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(loss), answer + 0.5 * nll.mean(), rtol=1e-5)
