@@ -40,6 +40,17 @@ def matmul(lhs, rhs, dimension_numbers):
     )
 
 
+def target_platform() -> str:
+    """The platform the program is being built for: that of the devices of the mesh set
+    with ``jax.set_mesh`` when there is one (a TPU topology compiled ahead of time on a
+    CPU host, for instance), else ``jax.default_backend()``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = getattr(mesh, "abstract_device", None)
+    if not mesh.empty and device is not None:
+        return device.platform
+    return jax.default_backend()
+
+
 def resolve_backend(impl: str, backend: str | None, interpret) -> tuple[str, object]:
     """The lowering and interpret setting of one call, from the user's arguments.
 
@@ -47,7 +58,8 @@ def resolve_backend(impl: str, backend: str | None, interpret) -> tuple[str, obj
         impl: "xla" or "pallas" (validated by the caller).
         backend: None, "tpu" or "gpu".
         interpret: None (interpret exactly when the kernels would otherwise run on a
-            backend without Pallas, i.e. CPU, and no backend was named), a bool, or a
+            platform without Pallas, i.e. CPU, and no backend was named; the platform
+            is ``target_platform()``), a bool, or a
             ``pltpu.InterpretParams``.
 
     Returns:
@@ -62,7 +74,7 @@ def resolve_backend(impl: str, backend: str | None, interpret) -> tuple[str, obj
         raise ValueError(f"backend must be None or one of {BACKENDS}, got {backend=!r}.")
     if impl == "xla":
         return "xla", False
-    platform = jax.default_backend()
+    platform = target_platform()
     has_pallas = platform in ("tpu", "gpu")
     if interpret is None:
         interpret = backend is None and not has_pallas

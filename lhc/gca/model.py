@@ -33,6 +33,19 @@ outputs of the current chunk, the chunk memory and the retrievals serving the cu
 chunk, so the cost of a token does not grow with the context (retrieval scores one
 vector per stored chunk).
 
+Where lhc differs from the official code:
+
+* Any length: the model inserts the landmarks, so a sequence need not be a whole
+  number of chunks (a partial last chunk is simply not yet encoded or retrievable).
+* Top-k larger than the history (the first chunks): the missing slots are empty (index
+  -1, weight 0), as the official kernel treats them; it is not an error.
+* Decoding is exact: appending in any pieces equals the full forward pass (the official
+  evaluation runs long inputs in 16K-token segments with a truncated window cache).
+* Offload (``GCAConfig.offload_memory``): the official ``ChunkKVManager`` copies the
+  top-k chunks to the GPU once per retrieval; here each call gathers, on the host, the
+  chunks its retrieval table names (at most ``2 * top_k`` per group for one decoded
+  token), so a step moves a constant number of chunks whatever the context.
+
 Parameter tree::
 
     embed/embedding                                 [V, D]
@@ -75,6 +88,7 @@ from lhc.nn.linear import Einsum, Embed
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
 from lhc.nn.rope import apply_rope, rope_frequencies
+from lhc.parallel.mesh import map_over_batch
 from lhc.parallel.offload import host_put_rows, host_take_rows
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
@@ -215,13 +229,15 @@ class GroupedCrossAttention(nn.Module):
             q = q.reshape(batch, length // cfg.chunk_size, cfg.chunk_size, *q.shape[2:])
         else:
             q = q[:, :, None]
-        attended = chunk_retrieval(
+        retrieval = functools.partial(chunk_retrieval, impl=cfg.gca_impl)
+        # A Pallas kernel runs per device over the batch under a multi-device mesh.
+        attended = (map_over_batch if cfg.gca_impl == "pallas" else _call)(
+            retrieval,
             q,
             memory_keys.astype(q.dtype),
             memory_values.astype(q.dtype),
             indices,
             weights,
-            impl=cfg.gca_impl,
         )
         attended = attended.reshape(batch, length, cfg.num_heads, cfg.head_dim)
         return Einsum(
@@ -232,6 +248,10 @@ class GroupedCrossAttention(nn.Module):
             param_dtype=cfg.param_dtype,
             name="out",
         )("BTNH,NHD->BTD", attended)
+
+
+def _call(fn, *args):
+    return fn(*args)
 
 
 class UpperBlock(nn.Module):

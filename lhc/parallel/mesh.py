@@ -198,6 +198,28 @@ def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
     return NamedSharding(mesh, spec)
 
 
+def map_over_batch(fn, *args):
+    """``fn(*args)``, run on each device's rows when a mesh of several devices is set.
+
+    For kernels XLA cannot partition (Pallas / Mosaic calls): under ``jax.set_mesh``
+    with more than one device, ``jax.shard_map`` runs ``fn`` per device over the mesh
+    axes of the logical axis ``act_batch`` (from the active logical-axis rules), every
+    other mesh axis replicated; without such a mesh, or for a batch those axes do not
+    divide, ``fn(*args)`` directly. Every argument and the output have the batch as
+    their leading axis.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return fn(*args)
+    axes = nn.logical_to_mesh_axes(("act_batch",))[0]
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    if args[0].shape[0] % math.prod(mesh.shape[name] for name in names):
+        return fn(*args)  # a batch the mesh does not divide (one row at init) stays whole
+    spec = PartitionSpec(axes)
+    mapped = jax.shard_map(fn, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)
+    return mapped(*args)
+
+
 def global_batch(local_batch, mesh: Mesh, rules):
     """Assembles process-local numpy batches into global, batch-sharded jax Arrays.
 
