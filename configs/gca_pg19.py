@@ -15,6 +15,16 @@ bfloat16 compute. PG-19 must be prepared under ``data_dir`` beforehand
 (``tfds build pg19``; nothing is downloaded by lhc), and GPT-2's ``tokenizer.json`` is a
 file the user supplies.
 
+``lhc compile --config configs/gca_pg19.py --topology v5p:2x2x2`` (8 chips, 4 windows of
+16380 tokens per chip; compiled on a 2-core CPU host in 8 min 46 s, 2026-12-02, jax 0.10.2)
+plans per chip: peak 91.08 GiB (arguments 1.63, outputs 1.63 aliased to them,
+temporaries 89.45) and 63.2 TFLOP per step. A v5p chip is listed with 95 GB of HBM,
+88.5 GiB if that means 10^9 bytes, which this peak exceeds; XLA compiled it without
+complaint, so whether it fits is unverified until it runs on a v5p. GCA has no
+rematerialisation option yet; the temporaries are activations of 16K-token windows
+(their float32 logits over 50K tokens alone are 12.3 GiB a chip), so two windows per chip
+(``--config.batch_size=16``, or 16 chips for a batch of 32) halve them.
+
 Add ``runlocal`` for a CPU smoke test of the same wiring at toy sizes
 (``--config.data.tfds_name`` / ``data_dir`` pointing at any prepared text dataset).
 """
