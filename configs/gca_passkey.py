@@ -23,6 +23,7 @@ with the answer's loss alone, 800 steps of the tiny GCA stayed at chance).
 
 import ml_collections
 
+from lhc.gca.config import paper_optimizer
 from lhc.train.config import base_config, parse_arg
 
 WIDTH, HEADS, MLP = 64, 2, 128
@@ -100,18 +101,5 @@ def get_config(arg=None):
                 attention_impl="xla",
             )
         )
-    config.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=2e-3,
-            warmup_steps=max(config.num_steps // 50, 1),
-            schedule="cosine",
-            end_lr_fraction=0.2,
-            b1=0.9,
-            b2=0.95,
-            eps=1e-8,
-            weight_decay=0.001,
-            grad_clip_norm=1.0,
-        )
-    )
+    config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
     return config

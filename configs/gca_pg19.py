@@ -34,6 +34,7 @@ import dataclasses
 import ml_collections
 
 from lhc.gca import GCAConfig
+from lhc.gca.config import paper_optimizer
 from lhc.train.config import base_config, parse_arg
 
 
@@ -65,18 +66,5 @@ def get_config(arg=None):
         config.data.feature = "text"
     config.model_factory = "lhc.gca:gca_from_config"
     config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
-    config.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=2e-3,
-            warmup_steps=config.num_steps // 50,
-            schedule="cosine",
-            end_lr_fraction=0.2,
-            b1=0.9,
-            b2=0.95,
-            eps=1e-8,
-            weight_decay=0.001,
-            grad_clip_norm=1.0,
-        )
-    )
+    config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
     return config

@@ -238,3 +238,21 @@ class GCAConfig:
         )
         values.update(overrides)
         return cls(**values)
+
+
+def paper_optimizer(num_steps: int) -> dict:
+    """The official pre-training optimizer settings for ``lhc.train`` (``config.optimizer``):
+    AdamW at 2e-3, 2% warm-up, cosine decay to 4e-4, betas (0.9, 0.95), weight decay 0.001,
+    gradient clipping at 1.0."""
+    return dict(
+        name="adamw",
+        learning_rate=2e-3,
+        warmup_steps=max(num_steps // 50, 1),
+        schedule="cosine",
+        end_lr_fraction=0.2,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.001,
+        grad_clip_norm=1.0,
+    )
