@@ -82,16 +82,14 @@ def _decode(model, params, token, cache, steps):
     """``steps`` greedy tokens after ``token`` [B]: ``(last token, cache)``."""
 
     def step(carry, _):
-        token, cache = carry
-        positions = cache.next_positions()[:, None]
-        logits, cache = model.apply({"params": params}, token[:, None], positions, cache)
-        return (jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache), None
+        return _step(model, params, *carry), None
 
     (token, cache), _ = jax.lax.scan(step, (token, cache), None, length=steps)
     return token, cache
 
 
 def _step(model, params, token, cache):
+    """One greedy token: ``(next token [B], cache)``."""
     positions = cache.next_positions()[:, None]
     logits, cache = model.apply({"params": params}, token[:, None], positions, cache)
     return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
