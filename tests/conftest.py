@@ -8,7 +8,10 @@ the recursion-limit changes earlier in the suite: the reference TabICL raises th
 around its Latin-square feature shuffles).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # libtpu is installed for ahead-of-time TPU compilation; never try to open a TPU here.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -16,8 +19,25 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # that lets only one process per machine compile for TPU topologies.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A program compiled more than once in a run (one model in several tests, or again in a
+# test's subprocess) is compiled once: a compilation cache for this run only, made by
+# the first process (the xdist controller) and inherited by the workers and the
+# subprocesses they start. It is removed when that process exits.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache_dir = tempfile.mkdtemp(prefix="lhc-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
+    atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import hypothesis  # noqa: E402, F401
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heavier tests (marked ``slow`` or ``multidevice``) run first, in collection
+    order otherwise: the parallel workers then share them out from the start instead
+    of one worker finishing a long test alone at the end of the run."""
+    heavy = lambda item: any(item.get_closest_marker(name) for name in ("slow", "multidevice"))
+    items.sort(key=lambda item: not heavy(item))
