@@ -2,12 +2,14 @@
 are printed, never checked)."""
 
 import numpy as np
+import pytest
 
 from lhc.gca import GCAConfig
 from lhc.gca.bench import measure, table
 from lhc.lm.config import LMConfig
 
 
+@pytest.mark.slow
 def test_bench_rows_account_memory_by_where_it_lives():
     gca = GCAConfig.tiny(max_len=1024)
     dense = LMConfig(

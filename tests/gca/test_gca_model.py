@@ -59,6 +59,7 @@ def _incremental(apply, params, tokens, positions, cache, pieces):
     return jnp.concatenate(outs, axis=1), cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offload", [False, True])
 def test_incremental_decoding_equals_full_forward(offload):
     model, params, apply = _setup(offload=offload)

@@ -3,10 +3,13 @@ then the length x depth evaluation writing its table and heat map (one cell)."""
 
 import os
 
+import pytest
+
 from lhc.train import config as config_lib
 from lhc.train import train_and_evaluate
 
 
+@pytest.mark.slow
 def test_passkey_config_trains_and_evaluates_gca(tmp_path):
     out = tmp_path / "eval"
     config = config_lib.load_config(

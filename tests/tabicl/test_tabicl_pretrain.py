@@ -60,6 +60,7 @@ def test_baselines_on_a_separable_table():
     assert pretrain.logistic_regression_accuracy(batch) == 1.0
 
 
+@pytest.mark.slow
 def test_short_pretraining_runs_and_freezing_holds(tmp_path):
     config = config_lib.load_config(
         "tabicl_pretrain.py:tiny",

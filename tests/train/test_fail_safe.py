@@ -122,6 +122,7 @@ def _params(workdir):
     return jax.device_get(params), step
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, straight, compile_cache):
     killed, env = tmp_path / "killed", _env(compile_cache)
     # At a random step, inside a checkpoint save, at a random step beyond the rows the
