@@ -168,7 +168,10 @@ def tpu_step_memory(model, params, token, cache, topology: str) -> dict[str, int
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
     args = jax.tree.map(abstract, (params, token, cache))
-    compiled = jax.jit(functools.partial(_step, model), donate_argnums=2).lower(*args).compile()
+    # Under the mesh, Pallas kernels (gca_impl="pallas") lower for the TPU, not interpreted.
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(functools.partial(_step, model), donate_argnums=2).lower(*args)
+        compiled = lowered.compile()
     stats = compiled.memory_analysis()
     return {
         "device": stats.argument_size_in_bytes
