@@ -10,7 +10,8 @@ Sizes (the part after the colon):
             group of 2 upper layers, 32-position chunks (31 text tokens and a landmark),
             top-4 retrieval, a 65-position sliding window (so most needles of a
             512-token sequence lie outside every window and only retrieval reaches
-            them); batch 8, 1200 steps (about 12 minutes on a 2-core CPU).
+            them); batch 8, 1200 steps (10 min 53 s on a 2-core CPU, see
+            experiments/gca_passkey).
   baseline  the dense ``lhc.lm.Transformer`` of the same width and depth (4 layers,
             RoPE, full causal attention), trained the same way; max_len 32768 so that
             it can be evaluated past its training length.
