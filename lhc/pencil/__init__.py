@@ -1,0 +1,1 @@
+"""PENCIL (Yang et al., ICML 2025): reasoning with reduction of the context."""

@@ -1,0 +1,90 @@
+"""The reasoning problems PENCIL is trained on, behind one interface.
+
+A problem draws instances from a numpy generator: a prompt (``<|startoftext|> ...
+<|endofprompt|>``), the solver's complete trace with its ``[CALL]``/``[SEP]``/``[RETURN]``
+tokens (ending with ``<|endoftext|>``), and the label. The chain-of-thought baseline
+trains on the same trace without reducing it. ``make_problem(name, **params)`` builds
+one by name: ``"sat"`` (``lhc.pencil.sat``), ``"qbf"`` (``lhc.pencil.qbf``),
+``"einstein"`` (``lhc.pencil.einstein``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from lhc.pencil.tokenizer import PencilTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One problem with its solution trace.
+
+    Attributes:
+        prompt: tokens from ``<|startoftext|>`` to ``<|endofprompt|>``.
+        trace: the generated part, from the first thought to ``<|endoftext|>``.
+        label: the answer token (``"True"``/``"False"``, or a nationality).
+        info: what the generator knows about the instance (the formula, the solution).
+    """
+
+    prompt: tuple[str, ...]
+    trace: tuple[str, ...]
+    label: str
+    info: Any = dataclasses.field(default=None, compare=False)
+
+
+class Problem(Protocol):
+    """What every problem offers."""
+
+    name: str
+
+    def symbols(self) -> tuple[str, ...]:
+        """Every token its prompts and traces use, special tokens aside."""
+
+    def labels(self) -> tuple[str, ...]:
+        """The answer classes."""
+
+    def sample(self, rng: np.random.Generator) -> Instance:
+        """A random instance."""
+
+
+def parse_answer(tokens: Sequence[str], labels: Sequence[str]) -> str | None:
+    """The answer a generated trace gives: its last token that is a label (the
+    paper's rule: the last ``True``/``False``, or the last nationality), or ``None``."""
+    labels = set(labels)
+    for token in reversed(tokens):
+        if token in labels:
+            return token
+    return None
+
+
+def tokenizer_for(problem: Problem) -> PencilTokenizer:
+    """The tokenizer of ``problem``'s vocabulary."""
+    return PencilTokenizer(problem.symbols())
+
+
+_PROBLEMS = {
+    "sat": "lhc.pencil.sat:SAT",
+    "qbf": "lhc.pencil.qbf:QBF",
+    "einstein": "lhc.pencil.einstein:Einstein",
+}
+
+
+def make_problem(name: str, **params: Any) -> Problem:
+    """The problem called ``name`` with ``params`` (e.g. ``make_problem("sat", num_vars=5)``).
+
+    Raises:
+        ValueError: an unknown name or parameters the problem does not take.
+    """
+    if name not in _PROBLEMS:
+        raise ValueError(f"problem must be one of {sorted(_PROBLEMS)}, got {name!r}")
+    module_name, class_name = _PROBLEMS[name].split(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    try:
+        return cls(**params)
+    except TypeError as error:
+        raise ValueError(f"problem {name!r}: {error}") from error
