@@ -56,7 +56,9 @@ def test_trace_format():
     answer, trace = dpll_trace([(1, -2, 3), (-1,), (2,)])
     assert answer is True
     text = " ".join(trace)
-    assert text.startswith("[CALL] Question: ( 1 ∨ ¬ 2 ∨ 3 ) ( ¬ 1 ) ( 2 ) Found ( ¬ 1 ) Let 1 = False")
+    assert text.startswith(
+        "[CALL] Question: ( 1 ∨ ¬ 2 ∨ 3 ) ( ¬ 1 ) ( 2 ) Found ( ¬ 1 ) Let 1 = False"
+    )
     assert text.endswith("[SEP] Answer: True [RETURN]")
     assert assign([(1, -2), (2, 3)], 2, False) == [(3,)]
     assert assign([(1, -2), (2,)], 2, False) == [()]  # an emptied clause stays
