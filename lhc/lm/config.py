@@ -14,6 +14,8 @@ from lhc.nn.remat import REMAT_POLICIES
 from lhc.nn.rope import validate_rope_scaling
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+NORM_TYPES = ("rmsnorm", "layernorm")
+MLP_TYPES = ("swiglu", "gelu")
 
 
 def float_dtype_name(value: Any, field: str) -> str:
@@ -62,6 +64,13 @@ class LMConfig:
             which loads them without a transpose and decodes small batches on CPU
             faster; see ``lhc.nn.Einsum``). ``convert_kernel_layout`` moves parameters
             between the two.
+        norm_type: ``"rmsnorm"`` (Llama, Qwen2) or ``"layernorm"`` (GPT-2 / nanoGPT,
+            without bias), for every norm of the model.
+        mlp_type: ``"swiglu"`` (gated, ``mlp_dim`` wide: Llama, Qwen2) or ``"gelu"``
+            (``down(gelu(up(x)))``: GPT-2 / nanoGPT, usually ``mlp_dim = 4 D``).
+        dropout_rate: residual dropout (on the embeddings and on each attention and MLP
+            output, as nanoGPT's ``resid_dropout``), active only when the call is given
+            an rng stream ``"train"`` (``lhc.train``'s causal-LM tasks do in training).
     """
 
     vocab_size: int
@@ -85,6 +94,9 @@ class LMConfig:
     sliding_window: int | None = None
     full_attention_layers: tuple[int, ...] = ()
     kernel_layout: str = "in_out"
+    norm_type: str = "rmsnorm"
+    mlp_type: str = "swiglu"
+    dropout_rate: float = 0.0
 
     def __post_init__(self):
         for name in (
@@ -121,6 +133,14 @@ class LMConfig:
             raise ValueError(
                 f"LMConfig.kernel_layout must be one of {KERNEL_LAYOUTS}, got {self.kernel_layout!r}"
             )
+        if self.norm_type not in NORM_TYPES:
+            raise ValueError(
+                f"LMConfig.norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}"
+            )
+        if self.mlp_type not in MLP_TYPES:
+            raise ValueError(f"LMConfig.mlp_type must be one of {MLP_TYPES}, got {self.mlp_type!r}")
+        if isinstance(self.dropout_rate, bool) or not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"LMConfig.dropout_rate must lie in [0, 1), got {self.dropout_rate!r}")
         window = self.sliding_window
         if window is not None and (
             isinstance(window, bool) or not isinstance(window, int) or window < 1
@@ -151,6 +171,7 @@ class LMConfig:
         )
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
+        object.__setattr__(self, "dropout_rate", float(self.dropout_rate))
 
     def replace(self, **changes: Any) -> LMConfig:
         """A copy with ``changes`` applied (validated again)."""

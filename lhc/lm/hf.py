@@ -179,8 +179,14 @@ def config_to_hf(config: LMConfig) -> dict[str, Any]:
 
     Raises:
         ValueError: a sliding window in only some layers without q/k/v biases (no
-            supported architecture expresses it).
+            supported architecture expresses it), or a GPT-2-style block (LayerNorm, GELU
+            MLP), which the Llama/Qwen2 layouts cannot hold.
     """
+    if config.norm_type != "rmsnorm" or config.mlp_type != "swiglu":
+        raise ValueError(
+            "Hugging Face export writes Llama/Qwen2 checkpoints (RMSNorm, SwiGLU); this "
+            f"config has norm_type={config.norm_type!r}, mlp_type={config.mlp_type!r}"
+        )
     if config.qkv_bias:
         architecture = "Qwen2ForCausalLM"
     elif config.sliding_window is not None:

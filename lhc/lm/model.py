@@ -28,7 +28,7 @@ Parameter tree (``scan_layers=False``)::
     layers_{i}/attention/{query,key,value}/kernel  [D, N|K, H]  (+ bias [N|K, H])
     layers_{i}/attention/out/kernel         [N, H, D]
     layers_{i}/mlp_norm/scale               [D]
-    layers_{i}/mlp/{gate,up}/kernel         [D, F]
+    layers_{i}/mlp/{gate,up}/kernel         [D, F]  (up only with mlp_type="gelu")
     layers_{i}/mlp/down/kernel              [F, D]
     final_norm/scale                        [D]
     lm_head/kernel                          [D, V]  (untied only)
@@ -60,11 +60,29 @@ from lhc.lm.config import LMConfig
 from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.intervention import Intervention, apply_edit
 from lhc.nn.linear import KERNEL_LAYOUTS, Einsum, Embed
-from lhc.nn.mlp import SwiGLU
-from lhc.nn.norms import RMSNorm
+from lhc.nn.mlp import GeluMLP, SwiGLU
+from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import remat_policy
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
+
+def norm_layer(config: LMConfig, name: str) -> nn.Module:
+    """The config's norm (``RMSNorm`` or bias-free ``LayerNorm``), named ``name``."""
+    dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
+    if config.norm_type == "layernorm":
+        return LayerNorm(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
+    return RMSNorm(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+def residual_dropout(module: nn.Module, config: LMConfig, x: jax.Array) -> jax.Array:
+    """``x`` with nanoGPT's residual dropout, drawn from the ``"train"`` rng stream when
+    the call has one (training) and the identity otherwise."""
+    if not config.dropout_rate:
+        return x
+    return nn.Dropout(config.dropout_rate, rng_collection="train")(
+        x, deterministic=not module.has_rng("train")
+    )
+
 
 # A sliding-window model's ring keeps this many tokens beyond its window, so that
 # speculative rollback and prefill chunks of up to this many tokens stay exact.
@@ -111,9 +129,7 @@ class Block(nn.Module):
         x, layers = carry
         cfg = self.config
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
-        norm = functools.partial(
-            RMSNorm, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype
-        )
+        norm = functools.partial(norm_layer, cfg)
         cache = None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
         attended, cache = Attention(
             num_heads=cfg.num_heads,
@@ -130,16 +146,18 @@ class Block(nn.Module):
             name="attention",
         )(norm(name="attention_norm")(x), positions, cache)
         edits = intervention if intervention is not None else Intervention()
-        attended = apply_edit(edits.attention, attended)
+        attended = apply_edit(edits.attention, residual_dropout(self, cfg, attended))
         self.sow("intermediates", "attention_out", attended)
         x = nn.with_logical_constraint(x + attended, _RESIDUAL_AXES)
-        mlp_out = SwiGLU(
+        mlp_class = GeluMLP if cfg.mlp_type == "gelu" else SwiGLU
+        mlp_out = mlp_class(
             cfg.mlp_dim,
             dtype=dtype,
             param_dtype=param_dtype,
             kernel_layout=cfg.kernel_layout,
             name="mlp",
         )(norm(name="mlp_norm")(x))
+        mlp_out = residual_dropout(self, cfg, mlp_out)
         x = nn.with_logical_constraint(x + mlp_out, _RESIDUAL_AXES)
         x = apply_edit(edits.residual, x)
         # Residual stream after each block, for probing and task vectors:
@@ -332,7 +350,7 @@ class Transformer(nn.Module):
         if embeddings is not None:
             given = embeddings.astype(dtype)
             x = given if tokens is None else jnp.where(embedding_mask[..., None], given, x)
-        x = nn.with_logical_constraint(x, _RESIDUAL_AXES)
+        x = nn.with_logical_constraint(residual_dropout(self, cfg, x), _RESIDUAL_AXES)
 
         writer, layers = (None, None) if cache is None else cache.begin_update(positions)
         block_class = _block_class(cfg)
@@ -340,7 +358,7 @@ class Transformer(nn.Module):
             (x, layers), _ = nn.scan(
                 block_class,
                 variable_axes={"params": 0, "intermediates": 0},
-                split_rngs={"params": True},
+                split_rngs={"params": True, "train": True},
                 in_axes=(nn.broadcast, nn.broadcast, 0, 0),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
@@ -365,9 +383,7 @@ class Transformer(nn.Module):
 
         if last_only:
             x = x[:, -1:]
-        x = RMSNorm(epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype, name="final_norm")(
-            x
-        )
+        x = norm_layer(cfg, "final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.decode(x)
         else:

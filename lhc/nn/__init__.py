@@ -18,8 +18,8 @@ from lhc.nn.attention import (
 )
 from lhc.nn.intervention import Edit, Intervention
 from lhc.nn.linear import Einsum, Embed
-from lhc.nn.mlp import SwiGLU
-from lhc.nn.norms import RMSNorm
+from lhc.nn.mlp import GeluMLP, SwiGLU
+from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import REMAT_POLICIES, remat_policy
 from lhc.nn.rope import ROPE_TYPES, apply_rope, rope_frequencies, validate_rope_scaling
 
@@ -28,6 +28,8 @@ __all__ = [
     "Attention",
     "Einsum",
     "Embed",
+    "GeluMLP",
+    "LayerNorm",
     "RMSNorm",
     "SwiGLU",
     # Caches as attention reads them.

@@ -48,3 +48,42 @@ class RMSNorm(nn.Module):
         mean_square = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
         normed = x32 * jax.lax.rsqrt(mean_square + self.epsilon)
         return (normed * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class LayerNorm(nn.Module):
+    """Layer normalisation with a learned scale and an optional bias (GPT-2, nanoGPT).
+
+    ``y = (x - mean(x)) / sqrt(var(x) + epsilon) * scale (+ bias)``, statistics and
+    scaling in float32 as in ``RMSNorm``.
+
+    Attributes:
+        epsilon: added to the variance before the square root.
+        use_bias: learn a bias (nanoGPT's ``bias=False`` drops it).
+        dtype: dtype of the output.
+        param_dtype: storage dtype of ``scale`` and ``bias``.
+    """
+
+    epsilon: float = 1e-5
+    use_bias: bool = False
+    dtype: DTypeLike = jnp.float32
+    param_dtype: DTypeLike = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises the last axis of ``x`` ``[..., D]``."""
+        features = (x.shape[-1],)
+        scale = self.param(
+            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), features,
+            self.param_dtype,
+        )  # fmt: skip
+        x32 = x.astype(jnp.float32)
+        centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
+        out = centred * jax.lax.rsqrt(variance + self.epsilon) * scale.astype(jnp.float32)
+        if self.use_bias:
+            bias = self.param(
+                "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), features,
+                self.param_dtype,
+            )  # fmt: skip
+            out = out + bias.astype(jnp.float32)
+        return out.astype(self.dtype)

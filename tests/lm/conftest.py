@@ -53,8 +53,18 @@ def rotate(x, positions, freqs):
     return np.concatenate([z.real, z.imag], axis=-1)
 
 
+def layer_norm(x, scale, eps):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + eps) * scale
+
+
 def silu(x):
     return x / (1 + np.exp(-x))
+
+
+def gelu(x):
+    """The exact GELU, x * Phi(x), through math.erf."""
+    return x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
 def _layer_params(params, layer):
@@ -92,10 +102,11 @@ def forward(
     embedding = as64(params["embed"]["embedding"])
     x = embedding[tokens]
     group = config.num_heads // config.num_kv_heads
+    norm = layer_norm if getattr(config, "norm_type", "rmsnorm") == "layernorm" else rms_norm
     for layer in range(config.num_layers):
         p = _layer_params(params, layer)
         att = p["attention"]
-        h = rms_norm(x, as64(p["attention_norm"]["scale"]), config.norm_eps)
+        h = norm(x, as64(p["attention_norm"]["scale"]), config.norm_eps)
         head_outputs = []
         for n in range(config.num_heads):
             kv_head = n // group
@@ -120,13 +131,16 @@ def forward(
         if layer in attention_add:
             attended = attended + as64(attention_add[layer])
         x = x + attended
-        h = rms_norm(x, as64(p["mlp_norm"]["scale"]), config.norm_eps)
+        h = norm(x, as64(p["mlp_norm"]["scale"]), config.norm_eps)
         mlp = p["mlp"]
-        hidden = silu(h @ as64(mlp["gate"]["kernel"])) * (h @ as64(mlp["up"]["kernel"]))
+        if getattr(config, "mlp_type", "swiglu") == "gelu":
+            hidden = gelu(h @ as64(mlp["up"]["kernel"]))
+        else:
+            hidden = silu(h @ as64(mlp["gate"]["kernel"])) * (h @ as64(mlp["up"]["kernel"]))
         x = x + hidden @ as64(mlp["down"]["kernel"])
         if layer in residual_add:
             x = x + as64(residual_add[layer])
-    x = rms_norm(x, as64(params["final_norm"]["scale"]), config.norm_eps)
+    x = norm(x, as64(params["final_norm"]["scale"]), config.norm_eps)
     if config.tie_embeddings:
         return x @ embedding.T
     return x @ as64(params["lm_head"]["kernel"])

@@ -64,6 +64,10 @@ CONFIGS = {
     "mqa_llama3_scan": lm.LMConfig.tiny(
         num_kv_heads=1, rope_scaling=LLAMA3_SCALING, scan_layers=True
     ),
+    # The nanoGPT block of PENCIL: LayerNorm without bias, GELU MLP 4D wide, tied.
+    "gpt_layernorm_gelu": lm.LMConfig.tiny(
+        num_kv_heads=4, norm_type="layernorm", mlp_type="gelu", mlp_dim=128, tie_embeddings=True
+    ),
 }
 
 
@@ -297,6 +301,12 @@ def test_config_validation_and_presets():
         lm.LMConfig.tiny(dtype="int8")
     with pytest.raises(ValueError, match="vocab_size must be a positive int"):
         lm.LMConfig.tiny(vocab_size=0)
+    with pytest.raises(ValueError, match="norm_type must be one of"):
+        lm.LMConfig.tiny(norm_type="batchnorm")
+    with pytest.raises(ValueError, match="mlp_type must be one of"):
+        lm.LMConfig.tiny(mlp_type="relu")
+    with pytest.raises(ValueError, match="dropout_rate must lie in"):
+        lm.LMConfig.tiny(dropout_rate=1.0)
     with pytest.raises(ValueError, match="unknown LMConfig keys"):
         lm.LMConfig.from_dict({**lm.LMConfig.tiny().to_dict(), "num_experts": 8})
     with pytest.raises(ValueError, match="unknown LM preset"):
@@ -306,6 +316,23 @@ def test_config_validation_and_presets():
     assert hash(config) == hash(lm.LMConfig.from_dict(config.to_dict()))
     assert lm.LMConfig.from_dict(config.to_dict()) == config
     assert dataclasses.replace(config, num_layers=3).num_layers == 3
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_dropout_only_with_a_train_rng(scan_layers):
+    config = CONFIGS["gpt_layernorm_gelu"].replace(scan_layers=scan_layers)
+    params = _random_params(config)
+    tokens, positions = _tokens(config, 2, 16), _positions(2, 16)
+    plain, _ = _forward(config, params, tokens, positions)
+    dropped = config.replace(dropout_rate=0.5)
+    model = lm.Transformer(dropped)
+    apply = jax.jit(lambda p, rngs: model.apply({"params": p}, tokens, positions, rngs=rngs)[0])
+    np.testing.assert_allclose(apply(params, None), plain, atol=1e-6)  # evaluation: off
+    first = apply(params, {"train": jax.random.key(1)})
+    again = apply(params, {"train": jax.random.key(1)})
+    other = apply(params, {"train": jax.random.key(2)})
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first - plain).max() > 0.1 and np.abs(first - other).max() > 0.1
 
 
 def _count_formula(c):
