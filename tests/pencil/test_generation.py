@@ -36,8 +36,10 @@ def _params(scale=SCALE):
     abstract = nn.meta.unbox(lm.abstract_params(CONFIG))
     rng = np.random.default_rng(0)
     params = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)
-        + rng.normal(size=leaf.shape) * scale,
+        lambda path, leaf: (
+            (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)
+            + rng.normal(size=leaf.shape) * scale
+        ),
         abstract,
     )
     params["embed"]["embedding"][:, 0] = 3.0
@@ -81,9 +83,7 @@ def test_cache_rewind_equals_recomputing_the_reduced_context(stop_tokens):
     # The final context is the reduction of prompt and trace (a Python reference).
     for b, prompt in enumerate(PROMPTS):
         trace = np.asarray(out.tokens[b, : int(out.lengths[b])]).tolist()
-        reduced = reduce(
-            prompt + trace, TOKENIZER.call_id, TOKENIZER.sep_id, TOKENIZER.return_id
-        )
+        reduced = reduce(prompt + trace, TOKENIZER.call_id, TOKENIZER.sep_id, TOKENIZER.return_id)
         if not bool(out.overflowed[b]):
             assert reduced == np.asarray(out.context[b, : int(out.context_lengths[b])]).tolist()
 
