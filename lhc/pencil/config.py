@@ -1,0 +1,104 @@
+"""The shared body of the PENCIL configs (``configs/pencil_*.py``).
+
+The model is the paper's nanoGPT block expressed through ``lhc.lm.LMConfig``: pre-norm
+LayerNorm without bias, RoPE on queries and keys, a GELU MLP 4 D wide, tied embeddings,
+no biases, residual dropout; the optimizer is the paper's AdamW (lr 1e-3, cosine to
+1e-4, 100 warmup steps, betas (0.9, 0.99), weight decay 0.1 on matrices, clip 1.0).
+(nanoGPT also drops attention probabilities; lhc's attention has no dropout, so only
+the residual dropout is kept.)
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from lhc.pencil.problems import make_problem, tokenizer_for
+from lhc.train.config import base_config
+
+TASK = "lhc.pencil.task:PencilTask"
+
+
+def pencil_config(
+    *,
+    problem: str,
+    problem_params: dict,
+    format: str,
+    context_limit: int,
+    num_layers: int,
+    num_heads: int,
+    embed_dim: int,
+    dropout_rate: float,
+    batch_size: int,
+    num_steps: int,
+    dtype: str = "float32",
+    learning_rate: float = 1e-3,
+    warmup_steps: int = 100,
+    eval_instances: int = 100,
+    eval_batch_size: int = 50,
+    max_new_tokens: int = 50_000,
+) -> ml_collections.ConfigDict:
+    """A PencilTask config (see ``lhc.pencil.task``)."""
+    vocab_size = tokenizer_for(make_problem(problem, **problem_params)).vocab_size
+    config = base_config(TASK)
+    config.num_steps = num_steps
+    config.batch_size = batch_size
+    config.eval_batches = 2
+    config.checkpoint_every = 500
+    config.data = ml_collections.ConfigDict(
+        dict(
+            problem=problem,
+            problem_params=dict(problem_params),
+            format=format,
+            context_limit=context_limit,
+        )
+    )
+    config.model = ml_collections.ConfigDict(
+        dict(
+            vocab_size=vocab_size,
+            num_layers=num_layers,
+            embed_dim=embed_dim,
+            num_heads=num_heads,
+            num_kv_heads=num_heads,
+            head_dim=embed_dim // num_heads,
+            mlp_dim=4 * embed_dim,
+            max_len=context_limit,
+            rope_theta=10_000.0,
+            norm_eps=1e-5,
+            qkv_bias=False,
+            tie_embeddings=True,
+            norm_type="layernorm",
+            mlp_type="gelu",
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            param_dtype="float32",
+            scan_layers=False,
+            remat_policy="none",
+            attention_impl="xla",
+        )
+    )
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=learning_rate,
+            warmup_steps=warmup_steps,
+            schedule="cosine",
+            end_lr_fraction=0.1,
+            b1=0.9,
+            b2=0.99,
+            eps=1e-8,
+            weight_decay=0.1,
+            grad_clip_norm=1.0,
+        )
+    )
+    config.pencil_eval = ml_collections.ConfigDict(
+        dict(
+            num_instances=eval_instances,
+            batch_size=eval_batch_size,
+            max_new_tokens=max_new_tokens,
+            # The paper samples at temperature 0.8 with top-k 200; 0 is greedy.
+            temperature=0.8,
+            top_k=200,
+            methods=(format,),
+        )
+    )
+    return config
