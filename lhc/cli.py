@@ -20,6 +20,7 @@ import tempfile
 BENCHMARKS = {
     "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
+    "pencil": "lhc.pencil.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
 }
 DEMO_CONFIG = "lm_assoc_recall.py:tiny"

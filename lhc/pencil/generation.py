@@ -260,13 +260,19 @@ def _generate_jit(
     )
 
 
-def _right_padded(prompts, pad_id: int, vocab_size: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _right_padded(
+    prompts, pad_id: int, vocab_size: int | None, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(prompts, (np.ndarray, jax.Array)) or not len(prompts):
         raise ValueError("prompts must be a non-empty list of token-id lists")
     lengths = np.array([len(p) for p in prompts], np.int32)
     if (lengths < 1).any():
         raise ValueError(f"every prompt needs at least one token; got lengths {lengths.tolist()}")
-    width = decoding.bucket_length(int(lengths.max()))
+    longest = int(lengths.max())
+    if longest > limit:
+        raise ValueError(f"a prompt of {longest} tokens does not fit the context_limit {limit}")
+    # A bucketed width (fewer compiled programs) within the context.
+    width = max(longest, min(decoding.bucket_length(longest), limit))
     tokens = np.full((len(prompts), width), pad_id, np.int32)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = np.asarray(prompt, np.int32)
@@ -279,20 +285,18 @@ def _right_padded(prompts, pad_id: int, vocab_size: int | None) -> tuple[np.ndar
 
 
 def _validate(model, prompts, max_new_tokens, context_limit, pad_id, sampling, rng):
-    tokens, lengths = _right_padded(prompts, pad_id, getattr(model.config, "vocab_size", None))
+    if not isinstance(context_limit, int) or not 1 <= context_limit <= model.config.max_len:
+        raise ValueError(
+            f"context_limit must be an int in [1, the model's max_len={model.config.max_len}], "
+            f"got {context_limit!r}"
+        )
+    tokens, lengths = _right_padded(
+        prompts, pad_id, getattr(model.config, "vocab_size", None), context_limit
+    )
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    max_len = model.config.max_len
-    if not 1 <= context_limit <= max_len:
-        raise ValueError(
-            f"context_limit must lie in [1, the model's max_len={max_len}], got {context_limit}"
-        )
-    if lengths.max() > context_limit:
-        raise ValueError(
-            f"a prompt of {lengths.max()} tokens does not fit the context_limit {context_limit}"
-        )
     return tokens, lengths
 
 
@@ -399,13 +403,17 @@ def generate_recompute(
     for step in range(max_new_tokens):
         if all(done):
             break
-        width = decoding.bucket_length(max(len(c) for c in contexts))
+        # Only the running sequences are computed (a stopped one may hold a context one
+        # token past the limit); widths are bucketed within the model's max_len.
+        longest = max(len(c) for b, c in enumerate(contexts) if not done[b])
+        width = max(longest, min(decoding.bucket_length(longest), model.config.max_len))
         tokens = np.full((batch, width), pad_id, np.int32)
         positions = np.full((batch, width), -1, np.int32)
         for b, context in enumerate(contexts):
-            tokens[b, : len(context)] = context
-            positions[b, : len(context)] = np.arange(len(context))
-        last = np.array([len(c) - 1 for c in contexts], np.int32)
+            if not done[b]:
+                tokens[b, : len(context)] = context
+                positions[b, : len(context)] = np.arange(len(context))
+        last = np.array([0 if done[b] else len(c) - 1 for b, c in enumerate(contexts)], np.int32)
         logits = _last_logits(model, params, jnp.asarray(tokens), jnp.asarray(positions), last)
         drawn, _ = sample_tokens(jax.random.fold_in(rng, step), logits, sampling_arrays)
         drawn = np.asarray(drawn)

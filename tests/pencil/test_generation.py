@@ -91,7 +91,7 @@ def test_cache_rewind_equals_recomputing_the_reduced_context(stop_tokens):
 def test_errors_and_trace_rate():
     model, params = lm.Transformer(CONFIG), _params()
     call = functools.partial(generation.generate, model, params, tokenizer=TOKENIZER)
-    with pytest.raises(ValueError, match="context_limit must lie in"):
+    with pytest.raises(ValueError, match="context_limit must be an int in"):
         call(PROMPTS, max_new_tokens=4, context_limit=CONFIG.max_len + 1)
     with pytest.raises(ValueError, match="does not fit the context_limit"):
         call(PROMPTS, max_new_tokens=4, context_limit=5)
