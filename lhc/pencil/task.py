@@ -83,7 +83,8 @@ class PencilTask(CausalLMTask):
         if vocab != self.tokenizer.vocab_size:
             raise ValueError(
                 f"config.model.vocab_size must be the {data.problem} vocabulary's "
-                f"{self.tokenizer.vocab_size}, got {vocab}"
+                f"{self.tokenizer.vocab_size}, got {vocab} (a config's arg such as num_vars= "
+                "sets both)"
             )
         super().__init__(config, mesh, rules)
 

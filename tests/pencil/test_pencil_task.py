@@ -1,0 +1,104 @@
+"""PENCIL's training rows and task: loss masks against the reduction replay, the
+configs, and two training steps with evaluation by generation through the trainer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lhc.pencil.problems import make_problem, tokenizer_for
+from lhc.pencil.reduction import reduce
+from lhc.pencil.task import example_row
+from lhc.train import train_and_evaluate
+from lhc.train.config import load_config
+
+PROBLEM = make_problem("sat", num_vars=4)
+TOKENIZER = tokenizer_for(PROBLEM)
+
+
+def _instance(seed):
+    return PROBLEM.sample(np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_rows_train_each_trace_token_in_its_context(seed):
+    instance = _instance(seed)
+    prompt = TOKENIZER.encode(instance.prompt)
+    trace = TOKENIZER.encode(instance.trace)
+    special = (TOKENIZER.call_id, TOKENIZER.sep_id, TOKENIZER.return_id)
+    # Chain of thought: the whole trace after the prompt.
+    tokens, trained, truncated = example_row(
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="cot", context_limit=4096
+    )
+    assert not truncated
+    assert tokens[: len(prompt) + len(trace)].tolist() == prompt + trace
+    assert trained.tolist() == [False] * len(prompt) + [True] * len(trace) + [False] * (
+        4097 - len(prompt) - len(trace)
+    )
+    # PENCIL: a context generation holds; what it trains continues the trace from where
+    # the reduced context stands.
+    tokens, trained, truncated = example_row(
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="pencil", context_limit=4096
+    )
+    length = int((tokens != 0).sum())
+    row = tokens[:length].tolist()
+    start = int(np.argmax(trained))
+    assert trained[start:length].all() and not trained[length:].any()
+    # The untrained part is the reduction of the prompt and a prefix of the trace, and
+    # the trained part is the trace's next tokens, up to a reducing [RETURN] or the end.
+    for cut in range(len(trace) + 1):
+        if reduce(prompt + trace[:cut], *special) == row[:start]:
+            assert trace[cut : cut + length - start] == row[start:]
+            assert row[-1] in (TOKENIZER.return_id, TOKENIZER.eos_id)
+            break
+    else:
+        raise AssertionError("the row's context is no reduced prefix of the trace")
+    # A row longer than the limit is cut and reported.
+    tokens, trained, truncated = example_row(
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="cot", context_limit=64
+    )
+    assert truncated and tokens.shape == (65,) and (tokens != 0).all()
+
+
+def test_configs_train_and_evaluate_by_generation(tmp_path):
+    overrides = [
+        "data.context_limit=160",
+        "model.max_len=160",
+        "model.num_layers=1",
+        "model.embed_dim=32",
+        "model.num_heads=2",
+        "model.num_kv_heads=2",
+        "model.head_dim=16",
+        "model.mlp_dim=128",
+        "num_steps=2",
+        "batch_size=4",
+        "pencil_eval.num_instances=2",
+        "pencil_eval.max_new_tokens=24",
+        "pencil_eval.methods=('pencil','cot')",
+        "progress_bar=False",
+        "tensorboard=False",
+        "async_checkpointing=False",
+    ]
+    config = load_config("configs/pencil_sat.py:tiny,num_vars=3", overrides)
+    metrics = train_and_evaluate(config, str(tmp_path))
+    for method in ("pencil", "cot"):
+        assert 0 <= metrics[f"eval/{method}/accuracy"] <= 1
+        assert metrics[f"eval/{method}/generated_tokens_mean"] <= 24
+        assert metrics[f"eval/{method}/max_context_max"] <= 160 + 1
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert any("train/truncated" in row for row in rows)
+    for name in ("pencil_qbf.py", "pencil_einstein.py", "pencil_sat.py"):
+        for arg in ("tiny", "paper", "tiny,format=cot"):
+            config = load_config(f"configs/{name}:{arg}")
+            assert (
+                config.model.vocab_size
+                == tokenizer_for(
+                    make_problem(config.data.problem, **config.data.problem_params)
+                ).vocab_size
+            )
+    with pytest.raises(ValueError, match="format must be one of"):
+        train_and_evaluate(
+            load_config("configs/pencil_sat.py:tiny", ["data.format=tree"]), str(tmp_path / "x")
+        )
