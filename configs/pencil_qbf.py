@@ -12,8 +12,7 @@ Sizes (the part after the colon):
 Flags: ``format=pencil|cot``, ``num_vars=N``, ``runlocal`` (a smoke test).
 """
 
-from lhc.pencil.config import pencil_config
-from lhc.train.config import parse_arg
+from lhc.pencil.config import sized_config
 
 _SIZES = {
     # context, layers, heads, width, dropout, batch, steps, dtype, default n
@@ -23,22 +22,10 @@ _SIZES = {
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, size="tiny", format="pencil", num_vars=0, runlocal=False)
-    if arg.size not in _SIZES:
-        raise ValueError(f"config arg size must be one of {sorted(_SIZES)}, got {arg.size!r}")
-    context, layers, heads, width, dropout, batch, steps, dtype, num_vars = _SIZES[arg.size]
-    return pencil_config(
+    return sized_config(
+        arg,
         problem="qbf",
-        problem_params=dict(num_vars=arg.num_vars or num_vars),
-        format=arg.format,
-        context_limit=context,
-        num_layers=layers,
-        num_heads=heads,
-        embed_dim=width,
-        dropout_rate=dropout,
-        batch_size=batch,
-        num_steps=4 if arg.runlocal else steps,
-        dtype=dtype,
-        eval_instances=4 if arg.runlocal else 100,
-        max_new_tokens=64 if arg.runlocal else (8192 if arg.size == "tiny" else 50_000),
+        sizes=_SIZES,
+        size_param="num_vars",
+        max_new_tokens={"tiny": 8192, "paper": 50_000},
     )

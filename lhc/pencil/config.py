@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from lhc.pencil.problems import make_problem, tokenizer_for
-from lhc.train.config import base_config
+from lhc.train.config import base_config, parse_arg
 
 TASK = "lhc.pencil.task:PencilTask"
 
@@ -102,3 +102,49 @@ def pencil_config(
         )
     )
     return config
+
+
+def sized_config(
+    arg: str | None,
+    *,
+    problem: str,
+    sizes: dict[str, tuple],
+    size_param: str,
+    max_new_tokens: dict[str, int],
+    problem_params: dict | None = None,
+    arg_name: str | None = None,
+) -> ml_collections.ConfigDict:
+    """The body of ``configs/pencil_<problem>.py``'s ``get_config(arg)``.
+
+    Args:
+        arg: the part after the colon: a size (a key of ``sizes``), ``format=pencil|cot``,
+            ``<arg_name>=N`` (the problem's size; 0 keeps the size's default) and
+            ``runlocal`` (4 steps, 4 evaluation instances: a smoke test).
+        problem: the problem's name.
+        sizes: per size ``(context, layers, heads, width, dropout, batch, steps, dtype,
+            default problem size)``.
+        size_param: the problem parameter the last entry sets (``num_vars``, ``size``).
+        max_new_tokens: per size, the generation cap in evaluation.
+        problem_params: the problem's other parameters.
+        arg_name: the name of ``size_param`` in ``arg`` (default ``size_param``).
+    """
+    arg_name = arg_name or size_param
+    arg = parse_arg(arg, size="tiny", format="pencil", runlocal=False, **{arg_name: 0})
+    if arg.size not in sizes:
+        raise ValueError(f"config arg size must be one of {sorted(sizes)}, got {arg.size!r}")
+    context, layers, heads, width, dropout, batch, steps, dtype, default = sizes[arg.size]
+    return pencil_config(
+        problem=problem,
+        problem_params={**(problem_params or {}), size_param: arg[arg_name] or default},
+        format=arg.format,
+        context_limit=context,
+        num_layers=layers,
+        num_heads=heads,
+        embed_dim=width,
+        dropout_rate=dropout,
+        batch_size=batch,
+        num_steps=4 if arg.runlocal else steps,
+        dtype=dtype,
+        eval_instances=4 if arg.runlocal else 100,
+        max_new_tokens=64 if arg.runlocal else max_new_tokens[arg.size],
+    )
