@@ -24,7 +24,13 @@ thought. This package has:
 from lhc.pencil.einstein import Einstein
 from lhc.pencil.evaluation import EvalResult, comparison_table, evaluate_generation
 from lhc.pencil.generation import PencilOutput, generate, generate_recompute, trace_rate
-from lhc.pencil.problems import Instance, make_problem, parse_answer, tokenizer_for
+from lhc.pencil.problems import (
+    Instance,
+    make_problem,
+    parse_answer,
+    tokenizer_for,
+    trace_statistics,
+)
 from lhc.pencil.qbf import QBF
 from lhc.pencil.reduction import (
     CALL,
@@ -60,6 +66,7 @@ __all__ = [
     "make_problem",
     "parse_answer",
     "tokenizer_for",
+    "trace_statistics",
     # Generation and evaluation.
     "EvalResult",
     "PencilOutput",

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lhc.pencil.reduction import subsequences
 from lhc.pencil.tokenizer import PencilTokenizer
 
 
@@ -88,3 +89,35 @@ def make_problem(name: str, **params: Any) -> Problem:
         return cls(**params)
     except TypeError as error:
         raise ValueError(f"problem {name!r}: {error}") from error
+
+
+def trace_statistics(
+    name: str, params: dict, num_instances: int, *, context_limit: int, seed: int = 0
+) -> dict[str, float]:
+    """Lengths of ``num_instances`` instances of a problem, as the paper tabulates them.
+
+    Returns:
+        Medians and maxima of the chain-of-thought length (prompt and whole trace), of
+        PENCIL's largest context (``max`` over ``subsequences`` of their length) and of
+        the number of sub-sequences, and the fractions of instances whose CoT trace and
+        whose PENCIL context exceed ``context_limit``.
+    """
+    problem = make_problem(name, **params)
+    cot, context, count = [], [], []
+    for i in range(num_instances):
+        instance = problem.sample(np.random.default_rng([seed, i]))
+        subs = subsequences(instance.prompt, instance.trace)
+        cot.append(len(instance.prompt) + len(instance.trace))
+        context.append(max(len(s.tokens) for s in subs))
+        count.append(len(subs))
+    cot, context, count = map(np.asarray, (cot, context, count))
+    return {
+        "cot_median": float(np.median(cot)),
+        "cot_max": int(cot.max()),
+        "pencil_context_median": float(np.median(context)),
+        "pencil_context_max": int(context.max()),
+        "subsequences_median": float(np.median(count)),
+        "subsequences_max": int(count.max()),
+        "cot_over_limit": float((cot > context_limit).mean()),
+        "pencil_over_limit": float((context > context_limit).mean()),
+    }

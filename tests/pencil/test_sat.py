@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lhc.pencil import reduction
-from lhc.pencil.problems import make_problem, parse_answer, tokenizer_for
+from lhc.pencil.problems import make_problem, parse_answer, tokenizer_for, trace_statistics
 from lhc.pencil.sat import SAT, assign, brute_force_satisfiable, dpll_trace
 from lhc.pencil.tokenizer import BOS, END_OF_PROMPT, EOS
 
@@ -74,3 +74,18 @@ def test_bad_parameters():
         make_problem("sat", size=3)
     with pytest.raises(ValueError, match="no unsatisfiable formula"):
         SAT(num_vars=20, clause_ratio=0.1).sample(np.random.default_rng(1))
+
+
+def test_trace_statistics():
+    stats = trace_statistics("sat", dict(num_vars=4), 20, context_limit=300, seed=3)
+    cot, context = [], []
+    for i in range(20):
+        instance = SAT(num_vars=4).sample(np.random.default_rng([3, i]))
+        cot.append(len(instance.prompt) + len(instance.trace))
+        context.append(
+            max(len(s.tokens) for s in reduction.subsequences(instance.prompt, instance.trace))
+        )
+    assert stats["cot_max"] == max(cot) and stats["pencil_context_max"] == max(context)
+    assert stats["cot_over_limit"] == np.mean(np.array(cot) > 300)
+    assert stats["pencil_over_limit"] == np.mean(np.array(context) > 300)
+    assert stats["pencil_context_median"] <= stats["cot_median"]
