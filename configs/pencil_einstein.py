@@ -4,7 +4,7 @@ r"""PENCIL (or chain of thought) on Einstein puzzles with propagate-and-branch t
     lhc train --config configs/pencil_einstein.py:tiny,format=cot --workdir /tmp/pencil_einstein_cot
 
 Sizes (the part after the colon):
-  tiny   3x3 puzzles, context limit 256 tokens (the reduced PENCIL context fits in
+  tiny   3x3 puzzles, context limit 320 tokens (the reduced PENCIL context fits in
          about 99% of puzzles, no chain-of-thought trace does), a 4-layer width-128
          model, 16 rows a step for 2,000 steps; trains on a 2-core CPU
          (experiments/pencil/README.md has the times).
@@ -18,7 +18,7 @@ from lhc.pencil.config import sized_config
 
 _SIZES = {
     # context, layers, heads, width, dropout, batch, steps, dtype, default puzzle size
-    "tiny": (256, 4, 4, 128, 0.0, 16, 2000, "float32", 3),
+    "tiny": (320, 4, 4, 128, 0.0, 16, 2000, "float32", 3),
     "paper": (2048, 8, 8, 512, 0.2, 50, 20_000, "bfloat16", 5),
 }
 

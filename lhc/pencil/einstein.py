@@ -24,9 +24,10 @@ solver as PENCIL calls. A call opens with the state, the candidates left in ever
     [CALL] Question: House 1 : Nationality Brit Dane ; Color Red ; Pet Fish Dog Bird ;
                      House 2 : ...
 
-then runs one round of propagation: it applies the first rule that removes a
-candidate, in the order clue 1, clue 2, ..., then the all-different rule (every value
-in exactly one house) for each attribute in turn, and writes each deduction::
+then runs one round of propagation: it checks the rules in the order clue 1, clue 2,
+..., then the all-different rule (every value in exactly one house) for each attribute
+in turn, writes ``Clue 1 ok`` (or ``Color ok``) for each rule that removes nothing, and
+applies the first rule that removes a candidate, writing each deduction::
 
     Clue 3 : House 2 Color ≠ Red     clue 3 rules out Red in house 2
     House 1 Color = Red              Red is the only colour left in house 1: not elsewhere
@@ -92,6 +93,7 @@ ATTRIBUTES = (
 SIZES = (3, 4, 5)
 NATIONALITY, PET, FISH = "Nationality", "Pet", "Fish"
 NONE = "None"  # the answer of a call whose state has no solution
+OK = "ok"  # a rule checked that removes nothing
 CLUE_KINDS = ("at", "not_at", "same", "left", "next", "before")
 _CLUE_WORDS = {
     "at": "=",
@@ -124,6 +126,7 @@ _WORDS = (
     "only",
     "empty",
     "nowhere",
+    OK,
 )
 
 Solution = tuple[tuple[str, ...], ...]  # solution[h][a]: attribute a's value in house h + 1
@@ -263,9 +266,14 @@ def _propagation_round(
     """
     k, full, names = layout.size, layout.full, layout.value_names
     changed = False
+    # A call writes every rule it checks: a rule that removes nothing is "ok", so that each
+    # step decides one rule against the state shown.
+    explicit = first_rule_only and steps is not None
     for number, kind, x, y in clues:
         revised = _revise(kind, x, y, pos, full)
         if all(pos[value] == new for value, new in revised):
+            if explicit:
+                steps += ["Clue", str(number), OK]
             continue
         changed = True
         for value, new in revised:
@@ -307,6 +315,8 @@ def _propagation_round(
                     return changed, reason
         if changed and first_rule_only:
             return changed, None
+        if explicit:
+            steps += [layout.attribute_names[attribute], OK]
     return changed, None
 
 

@@ -104,7 +104,9 @@ def apply_steps(state, steps, size):
     state = {cell: list(values) for cell, values in state.items()}
     i = 0
     while i < len(steps):
-        if steps[i] == "Clue":  # Clue n : House h Attr ≠ v
+        if steps[i + 1 : i + 2] == ["ok"] or steps[i + 2 : i + 3] == ["ok"]:  # nothing removed
+            i += 3 if steps[i] == "Clue" else 2
+        elif steps[i] == "Clue":  # Clue n : House h Attr ≠ v
             assert steps[i + 2 : i + 4] == [":", "House"] and steps[i + 6] == "≠"
             cell, value = (int(steps[i + 4]), steps[i + 5]), steps[i + 7]
             state[cell].remove(value)
@@ -179,10 +181,13 @@ def expected_call(state, clues, size):
                     return ["House", str(house), attribute, "empty"]
         return None
 
+    checked = []  # the rules that removed nothing, in order
     for number, clue in enumerate(clues, start=1):  # the first clue that removes something
         removals = clue_removals(clue, state, size)
-        if removals:
-            steps = []
+        if not removals:
+            checked += ["Clue", str(number), "ok"]
+        else:
+            steps = list(checked)
             for house, value in removals:
                 attribute = attribute_of(value)
                 steps += ["Clue", str(number), ":", "House", str(house), attribute, "≠", value]
@@ -190,7 +195,7 @@ def expected_call(state, clues, size):
             reason = contradiction()
             return (steps + reason, "contradiction") if reason else (steps, "changed")
     for attribute, values in values_of.items():  # else the first attribute's all-different
-        steps = []
+        steps = list(checked)
         for house in range(1, size + 1):
             if len(state[house, attribute]) == 1:
                 value = state[house, attribute][0]
@@ -208,9 +213,10 @@ def expected_call(state, clues, size):
                 steps += [value, "only", "House", str(value_houses[0])]
                 if reason := contradiction():
                     return steps + reason, "contradiction"
-        if steps:
+        if steps != checked:
             return steps, "changed"
-    return [], "stuck"
+        checked = checked + [attribute, "ok"]
+    return checked, "stuck"
 
 
 def check_calls(prompt, trace, size, clues, table=None):
@@ -258,7 +264,7 @@ def check_calls(prompt, trace, size, clues, table=None):
             assert all(clue_holds(clue, solved) for clue in clues)
             house = next(h for h in range(1, size + 1) if state[h, "Pet"] == ["Fish"])
             owner = state[house, "Nationality"][0]
-            assert body == ["Fish", "=", "House", str(house), "Nationality", "=", owner]
+            assert body == steps + ["Fish", "=", "House", str(house), "Nationality", "=", owner]
             assert answer == ["Answer:", owner]
             endings["solved"] += 1
         else:  # branched: Try House h Attr = v Answer: X, for each v in turn
@@ -266,6 +272,8 @@ def check_calls(prompt, trace, size, clues, table=None):
             undecided = [cell for cell, values in state.items() if len(values) > 1]
             fewest = min(len(state[cell]) for cell in undecided)
             house, attribute = next(cell for cell in undecided if len(state[cell]) == fewest)
+            assert body[: len(steps)] == steps  # every rule checked, none removes anything
+            body = body[len(steps) :]
             tries = [body[i : i + 8] for i in range(0, len(body), 8)]
             assert 8 * len(tries) == len(body)
             for value, attempt in zip(state[house, attribute], tries):
