@@ -55,11 +55,12 @@ and trace lengths of the order of PENCIL's official generator. The call then end
   (``None`` if every choice failed).
 
 After the top call comes ``<|endoftext|>``; the whole trace reduces to
-``Answer: <label> <|endoftext|>``. Seed 0 (20 samples at 3x3, 5 at 5x5) gives median trace
-lengths (prompt included) of 690 and 6.7k tokens, largest contexts of 160 and 520, and 12
-and 44 sub-sequences; the paper's generator: 1.4k-1.9k and 8.9k-16.4k, 450-520 and
-1.7k-2.2k, 14-18 and 71-138. Branching makes a long tail at 5x5 (over 300 samples: 99th
-percentile 25k tokens, largest context at most 1.8k, within the paper's 2048).
+``Answer: <label> <|endoftext|>``. ``lhc.pencil.trace_statistics`` (1,000 puzzles at 3x3,
+50 at 5x5) gives median trace lengths (prompt included) of 854 and 9.7k tokens (largest
+2.3k and 30k), largest contexts of 167 and 588 (largest 391 and 1,222), and 13 and 53
+sub-sequences; the paper's generator: 1.4k-1.9k and 8.9k-16.4k, 450-520 and 1.7k-2.2k,
+14-18 and 71-138. Our states are more compact than the paper's, so our contexts are
+shorter; branching makes a long tail at 5x5.
 
 ``count_solutions`` (the generator's uniqueness test) runs the same propagation to a
 fixed point between branches; ``brute_force_solutions`` checks every table (k <= 4) with
