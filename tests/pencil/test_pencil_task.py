@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from lhc.pencil.evaluation import EvalResult, comparison_table
 from lhc.pencil.problems import make_problem, tokenizer_for
 from lhc.pencil.reduction import reduce
 from lhc.pencil.task import example_row
@@ -102,3 +103,22 @@ def test_configs_train_and_evaluate_by_generation(tmp_path):
         train_and_evaluate(
             load_config("configs/pencil_sat.py:tiny", ["data.format=tree"]), str(tmp_path / "x")
         )
+
+
+def test_eval_result_metrics_and_table():
+    result = EvalResult(
+        method="pencil", correct=np.array([True, False, True, True]),
+        trace_rates=np.array([1.0, 0.5, 1.0, 0.5]), max_context=np.array([100, 120, 90, 310]),
+        generated=np.array([400, 380, 420, 200]), finished=np.array([True, True, True, False]),
+        over_limit=np.array([False, False, False, True]), context_limit=300,
+    )  # fmt: skip
+    metrics = result.metrics(prefix="eval/pencil/")
+    assert metrics["eval/pencil/accuracy"] == 0.75 and metrics["eval/pencil/trace_rate"] == 0.75
+    assert (
+        metrics["eval/pencil/max_context_max"] == 310 and metrics["eval/pencil/over_limit"] == 0.25
+    )
+    table = comparison_table([result])
+    assert (
+        "limit 300" in table
+        and "| pencil | 0.75 | 0.750 | 155 / 310 | 350 | 0.75 | 0.25 |" in table
+    )
