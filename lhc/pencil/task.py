@@ -18,9 +18,13 @@ Config keys: those of ``lhc.train.causal_lm.CausalLMTask`` (``model``: the field
   it was trained for unless both are listed).
 
 Each row of global batch ``i`` comes from its own instance, drawn from
-``(seed, i, row)``; a PENCIL row is one of that instance's sub-sequences, drawn
-uniformly. (The official code flattens and shuffles all sub-sequences of 5 instances x
-4 accumulation steps; here every row sees a fresh instance.)
+``(seed, i, row)``; a PENCIL row is one of that instance's sub-sequences, drawn with
+probability proportional to the tokens it trains (``pick_subsequence``), so that every
+trace token is equally likely to be trained. (The official code flattens and shuffles
+all sub-sequences of 5 instances x 4 accumulation steps, so it trains every sub-sequence
+of an instance; here every row sees a fresh instance. Either way a PENCIL row trains
+far fewer tokens than a CoT row of the same width: one sub-sequence's new tokens
+against a whole trace.)
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ from lhc.train.causal_lm import CausalLMTask
 FORMATS = ("pencil", "cot")
 
 
+def pick_subsequence(subs, rng: np.random.Generator) -> int:
+    """The index of one sub-sequence, drawn with probability proportional to the number
+    of tokens it trains: every token of the trace is then equally likely to be trained,
+    as in the official data, where every sub-sequence of every instance is trained once.
+    (Uniform over sub-sequences would over-train the short ones.)"""
+    trained = np.array([len(sub.trained) for sub in subs], float)
+    return int(rng.choice(len(subs), p=trained / trained.sum()))
+
+
 def example_row(
     problem, tokenizer, rng: np.random.Generator, *, format: str, context_limit: int
 ) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -51,7 +64,7 @@ def example_row(
     prompt, trace = tokenizer.encode(instance.prompt), tokenizer.encode(instance.trace)
     if format == "pencil":
         subs = subsequences(prompt, trace, tokenizer.call_id, tokenizer.sep_id, tokenizer.return_id)
-        example = subs[int(rng.integers(len(subs)))]
+        example = subs[pick_subsequence(subs, rng)]
     else:
         example = Subsequence(tuple(prompt + trace), len(prompt))
     width = context_limit + 1

@@ -10,8 +10,8 @@ import pytest
 
 from lhc.pencil.evaluation import EvalResult, comparison_table
 from lhc.pencil.problems import make_problem, tokenizer_for
-from lhc.pencil.reduction import reduce
-from lhc.pencil.task import example_row
+from lhc.pencil.reduction import Subsequence, reduce
+from lhc.pencil.task import example_row, pick_subsequence
 from lhc.train import train_and_evaluate
 from lhc.train.config import load_config
 
@@ -122,3 +122,10 @@ def test_eval_result_metrics_and_table():
         "limit 300" in table
         and "| pencil | 0.75 | 0.750 | 155 / 310 | 350 | 0.75 | 0.25 |" in table
     )
+
+
+def test_pencil_rows_train_every_trace_token_equally_often():
+    subs = [Subsequence(tuple(range(10)), 10 - n) for n in (1, 3, 6)]  # 1, 3, 6 trained
+    rng = np.random.default_rng(0)
+    counts = np.bincount([pick_subsequence(subs, rng) for _ in range(6000)], minlength=3)
+    np.testing.assert_allclose(counts / 6000, [0.1, 0.3, 0.6], atol=0.02)
