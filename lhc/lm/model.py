@@ -66,6 +66,7 @@ from lhc.nn.remat import remat_policy
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
 
+
 def norm_layer(config: LMConfig, name: str) -> nn.Module:
     """The config's norm (``RMSNorm`` or bias-free ``LayerNorm``), named ``name``."""
     dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
