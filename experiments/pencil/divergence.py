@@ -1,0 +1,61 @@
+"""Where a trained PENCIL run's traces leave the solver's: greedy generation on held-out
+instances, the first position where the generated trace differs, and its surroundings.
+
+    python experiments/pencil/divergence.py --workdir /tmp/runs/sat2_pencil \
+        --instances 6 --context-limit 1024
+
+``--context-limit`` may exceed the run's (the model uses RoPE, so a longer context only
+changes the cache size), to tell a trace that needs more room from one that loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from lhc import pencil
+from lhc.lm.model import Transformer
+from lhc.train import restore_params
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--instances", type=int, default=6)
+    parser.add_argument("--context-limit", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=4096)
+    parser.add_argument("--window", type=int, default=40, help="tokens shown around it")
+    args = parser.parse_args(argv)
+
+    exp, params, _ = restore_params(None, args.workdir)
+    task, tokenizer = exp.task, exp.task.tokenizer
+    limit = args.context_limit or int(exp.config.data.context_limit)
+    config = task.model.config
+    model = Transformer(dataclasses.replace(config, max_len=max(limit, config.max_len)))
+    instances = task.eval_instances(args.instances)
+    out = pencil.generate(
+        model, params, [tokenizer.encode(i.prompt) for i in instances], tokenizer,
+        max_new_tokens=args.max_new_tokens, context_limit=limit,
+    )  # fmt: skip
+    w = args.window
+    for k, instance in enumerate(instances):
+        generated = tokenizer.decode_tokens(out.tokens[k, : int(out.lengths[k])])
+        reference = list(instance.trace)
+        first = next(
+            (j for j, (a, b) in enumerate(zip(generated, reference)) if a != b),
+            min(len(generated), len(reference)),
+        )
+        largest = max(len(s.tokens) for s in pencil.subsequences(instance.prompt, reference))
+        print(
+            f"--- instance {k}: label {instance.label}; trace length {len(generated)} "
+            f"(solver {len(reference)}); largest context {int(out.max_context[k])} "
+            f"(solver {largest}); over the limit {bool(out.overflowed[k])}; "
+            f"first difference at token {first}"
+        )
+        print("solver:   ", " ".join(reference[max(0, first - w) : first + w]))
+        print("generated:", " ".join(generated[max(0, first - w) : first + w]))
+        print("last tokens:", " ".join(generated[-w:]))
+
+
+if __name__ == "__main__":
+    main()
