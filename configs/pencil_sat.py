@@ -11,7 +11,8 @@ Sizes (the part after the colon):
   paper  the paper's SAT model: 6 layers, 6 heads, width 384 (10.6M parameters),
          context 2048, dropout 0.2, bf16, 256 rows a step (the official code steps on
          the sub-sequences of 5 instances x 4 accumulations) for 10,000 steps; n = 10 by
-         default (``num_vars=``).
+         default (``num_vars=``). Compiled for a v5p-8 (``lhc compile --topology
+         v5p:2x2x2``), the train step peaks at 24.3 GiB a chip.
 Flags: ``format=pencil|cot``, ``num_vars=N``, ``runlocal`` (a few steps, a smoke test).
 
 Evaluation solves held-out instances by generation under the same context limit (the
