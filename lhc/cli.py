@@ -21,6 +21,7 @@ BENCHMARKS = {
     "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
     "pencil": "lhc.pencil.bench:main",
+    "recurrent": "lhc.recurrent.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
 }
 DEMO_CONFIG = "lm_assoc_recall.py:tiny"
