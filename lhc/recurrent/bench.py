@@ -4,7 +4,7 @@ For each length T and each recurrence (SSD, GLA), one training pass (the forward
 and the gradients of every input, the initial state included) is timed two ways in the
 same run, jitted, after a warm-up call that compiles it:
 
-* ``chunked``: ``lhc.recurrent.ssd`` / ``gla`` with ``--chunk-size`` (SSD) and 16 (GLA);
+* ``chunked``: ``lhc.recurrent.ssd`` / ``gla`` with ``--chunk-size``;
 * ``scan``: ``lax.scan`` of ``ssd_step`` / ``gla_step`` over the T tokens.
 
 Tokens per second count ``batch x T``; the table says whether both ways gave the same
@@ -82,7 +82,7 @@ def _sequential(kind: str):
 def _chunked(kind: str, chunk_size: int):
     if kind == "ssd":
         return lambda x, dt, a, b, c, s: ssd(x, dt, a, b, c, chunk_size=chunk_size, initial_state=s)
-    return lambda q, k, v, g, s: gla(q, k, v, g, chunk_size=16, initial_state=s)
+    return lambda q, k, v, g, s: gla(q, k, v, g, chunk_size=chunk_size, initial_state=s)
 
 
 def _training_pass(fn, num_args: int):
@@ -136,7 +136,7 @@ def table(rows) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lhc bench recurrent", description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="1024,4096", help="comma-separated sequence lengths")
-    parser.add_argument("--chunk-size", type=int, default=64, help="SSD chunk size")
+    parser.add_argument("--chunk-size", type=int, default=64, help="tokens per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls; the fastest counts")
     parser.add_argument("--json", default=None, help="write the rows to this file")
     return parser

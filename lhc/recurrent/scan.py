@@ -16,9 +16,9 @@ chunks, one state per chunk is carried by a ``lax.scan``. Every decay factor is 
 as ``exp`` of a non-positive difference of cumulative log-decays *within one chunk*, so
 no factor exceeds 1 and nothing overflows at any length or decay strength (the
 ``q exp(b), k exp(-b)`` factorisation does overflow for strong decays). Memory is
-linear in the length: ``[T / L, L, L]`` decay matrices per head (SSD) or ``[T / L, L, L,
-Dk]`` (GLA, whose decays differ per channel; keep its chunks small, e.g. 16), and one
-state per chunk.
+linear in the length: ``[T / L, L, L]`` decay matrices per head (SSD), for GLA (whose
+decays differ per channel) ``[T / l, l, l, Dk]`` within sub-chunks of l = 16 tokens and
+decayed queries ``[T, L / l, Dk]`` across them, and one state per chunk.
 
 Shapes follow the Mamba-2 and flash-linear-attention conventions: batch first, then
 time, then heads. Inputs may be any float dtype; the recurrences run in float32, outputs
@@ -27,8 +27,14 @@ come back in the dtype of ``x`` (SSD) or ``v`` (GLA) and states in float32.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+
+# GLA's pair-by-pair decays are formed within sub-chunks of this many tokens (the
+# greatest common divisor with the chunk size); across sub-chunks the scores are matmuls.
+GLA_SUB_CHUNK = 16
 
 
 def _check_rank(name: str, array, rank: int, layout: str) -> None:
@@ -167,6 +173,37 @@ def _gla_shapes(q, k, v, log_gates, initial_state, *, single_step: bool):
     return b, h, dk, dv
 
 
+def _gla_intra_chunk(qs, ks, vs, cum, sub: int) -> jax.Array:
+    """The part of each chunk's outputs that its own tokens make, ``[b, c, L, H, Dv]``.
+
+    Token s decays to token t by ``exp(cum_t - cum_s)`` per channel. Within a sub-chunk
+    of ``sub`` tokens that factor is formed pair by pair (``[sub, sub, Dk]``); between
+    sub-chunks it splits at the end ``e`` of the earlier one, ``exp(cum_t - cum_e)
+    exp(cum_e - cum_s)``, both factors at most 1, so the scores are matmuls of decayed
+    queries and keys.
+    """
+    b, c, length, h, dk = qs.shape
+    n = length // sub
+    split = lambda a: a.reshape(b, c, n, sub, *a.shape[3:])  # noqa: E731
+    q_sub, k_sub, v_sub, cum_sub = split(qs), split(ks), split(vs), split(cum)
+    # Within sub-chunks: [b, c, n, t, s, H, Dk].
+    diff = cum_sub[:, :, :, :, None] - cum_sub[:, :, :, None, :]
+    causal = jnp.tril(jnp.ones((sub, sub), bool))[:, :, None, None]
+    decay = jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
+    scores = jnp.einsum("bcntHd,bcnsHd,bcntsHd->bcntsH", q_sub, k_sub, decay)
+    o = jnp.einsum("bcntsH,bcnsHv->bcntHv", scores, v_sub).reshape(b, c, length, h, -1)
+    if n == 1:
+        return o
+    # Between sub-chunks: query t against the keys of every earlier sub-chunk j.
+    end = cum_sub[:, :, :, -1]  # [b, c, n, H, Dk]
+    earlier = (jnp.arange(n)[None, :] < (jnp.arange(length) // sub)[:, None])[:, :, None, None]
+    to_t = cum[:, :, :, None] - end[:, :, None]  # [b, c, L, n, H, Dk], <= 0 where earlier
+    q_dec = jnp.where(earlier, qs[:, :, :, None] * jnp.exp(jnp.where(earlier, to_t, 0.0)), 0.0)
+    k_dec = k_sub * jnp.exp(end[:, :, :, None] - cum_sub)  # [b, c, n, sub, H, Dk]
+    between = jnp.einsum("bctjHd,bcjsHd->bctjsH", q_dec, k_dec)
+    return o + jnp.einsum("bctjsH,bcjsHv->bctHv", between, v_sub)
+
+
 def gla(q, k, v, log_gates, *, chunk_size: int, initial_state=None):
     """Gated linear attention over a sequence, chunked.
 
@@ -174,8 +211,8 @@ def gla(q, k, v, log_gates, *, chunk_size: int, initial_state=None):
         q, k: ``[b, T, H, Dk]``.
         v: ``[b, T, H, Dv]``.
         log_gates: ``[b, T, H, Dk]``, the log of the per-channel forget gates (<= 0).
-        chunk_size: L, tokens per chunk (T need not be a multiple); the intra-chunk
-            term holds ``[L, L, Dk]`` per chunk and head, so small chunks (16) are best.
+        chunk_size: L, tokens per chunk (T need not be a multiple); a multiple of 16
+            (``GLA_SUB_CHUNK``) keeps the pair-by-pair decays to ``[16, 16, Dk]`` blocks.
         initial_state: ``[b, H, Dk, Dv]`` state before the first token; zeros if None.
 
     Returns:
@@ -191,11 +228,7 @@ def gla(q, k, v, log_gates, *, chunk_size: int, initial_state=None):
     # Padded tokens have k = 0 and log-gate 0: they leave the state alone.
     qs, ks, vs = (_chunked(a.astype(f32), chunk_size) for a in (q, k, v))
     cum = jnp.cumsum(_chunked(log_gates.astype(f32), chunk_size), axis=2)  # [b, c, L, H, Dk]
-    diff = cum[:, :, :, None] - cum[:, :, None, :]  # [b, c, t, s, H, Dk]
-    causal = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))[None, None, :, :, None, None]
-    decay_ts = jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)
-    scores = jnp.einsum("bctHd,bcsHd,bctsHd->bctsH", qs, ks, decay_ts)
-    o_intra = jnp.einsum("bctsH,bcsHv->bctHv", scores, vs)
+    o_intra = _gla_intra_chunk(qs, ks, vs, cum, math.gcd(chunk_size, GLA_SUB_CHUNK))
     to_end = jnp.exp(cum[:, :, -1:] - cum)  # [b, c, L, H, Dk], <= 1
     increments = jnp.einsum("bcsHd,bcsHv->bcHdv", ks * to_end, vs)
     chunk_decay = jnp.exp(cum[:, :, -1])[..., None]  # [b, c, H, Dk, 1]

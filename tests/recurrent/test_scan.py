@@ -76,8 +76,10 @@ def test_ssd_equals_the_recurrence(chunk_size, t):
     np.testing.assert_allclose(y0, y0_ref, rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("chunk_size, t", [(1, 7), (4, 13), (5, 10), (16, 13)])
+@pytest.mark.parametrize("chunk_size, t", [(1, 7), (4, 13), (5, 10), (16, 13), (32, 45), (48, 50)])
 def test_gla_equals_the_recurrence(chunk_size, t):
+    """Chunks of one sub-chunk (1, 4, 16), and of several: 5 = 5 x 1, 32 = 2 x 16,
+    48 = 3 x 16 (decays formed pair by pair within sub-chunks, matmuls across)."""
     a = gla_inputs(chunk_size, t=t)
     o, final = run_gla(a, chunk_size, initial_state=a["s0"])
     o_ref, final_ref = gla_reference(a["q"], a["k"], a["v"], a["g"], a["s0"])
@@ -156,7 +158,8 @@ def test_gradients_of_every_input_equal_the_sequential_scan():
 
     a = gla_inputs(4, t=11)
     args = (a["q"], a["k"], a["v"], a["g"], a["s0"])
-    chunked = lambda q, k, v, g, s0: gla(q, k, v, g, chunk_size=4, initial_state=s0)  # noqa: E731
+    # chunk 6 = 3 sub-chunks of 2: both the within and the across sub-chunk terms.
+    chunked = lambda q, k, v, g, s0: gla(q, k, v, g, chunk_size=6, initial_state=s0)  # noqa: E731
     got = jax.grad(projected(chunked, 1), argnums=range(5))(*args)
     want = jax.grad(projected(gla_scan, 1), argnums=range(5))(*args)
     for name, g1, g2 in zip(("q", "k", "v", "log_gates", "s0"), got, want):
@@ -203,7 +206,7 @@ def test_long_inputs_stay_finite(strength):
     y, final = run_ssd(a, 64, initial_state=a["h0"])
     assert np.isfinite(y).all() and np.isfinite(final).all()
     g = gla_inputs(8, b=1, t=t, h=1, dk=2, dv=2, gate_scale=100.0 if strength == "strong" else 1e-4)
-    o, gfinal = run_gla(g, 16, initial_state=g["s0"])
+    o, gfinal = run_gla(g, 64, initial_state=g["s0"])  # 4 sub-chunks of 16
     assert np.isfinite(o).all() and np.isfinite(gfinal).all()
     if strength == "weak":
         y_ref, _ = ssd_reference(a["x"], a["dt"], a["A"], a["B"], a["C"], a["h0"])
