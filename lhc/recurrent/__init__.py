@@ -4,18 +4,28 @@ recurrent models).
 This package has, so far, the recurrences the models are built from, each as a chunked
 parallel form over a sequence and a single step, both taking an initial state and
 returning the final one: Mamba-2's SSD (``ssd``, ``ssd_step``) and gated linear
-attention (``gla``, ``gla_step``); Effective Remembrance of any causal LM of the
-protocol (``effective_remembrance``); ``lhc bench recurrent`` (the chunked forms'
+attention (``gla``, ``gla_step``); for any causal LM of the protocol, Effective
+Remembrance (``effective_remembrance``) and the loss by position read through its cache
+(``loss_by_position``, ``bucket_means``, ``plot_curves``); ``lhc bench recurrent`` (the chunked forms'
 training pass against a sequential scan).
 """
 
-from lhc.recurrent.evaluation import effective_remembrance, total_variation
+from lhc.recurrent.evaluation import (
+    bucket_means,
+    effective_remembrance,
+    loss_by_position,
+    plot_curves,
+    total_variation,
+)
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [
+    "bucket_means",
     "effective_remembrance",
     "gla",
     "gla_step",
+    "loss_by_position",
+    "plot_curves",
     "ssd",
     "ssd_step",
     "total_variation",

@@ -15,6 +15,7 @@ attention ignore) and numbered from 0, as a fresh run would.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 
 import jax
@@ -77,3 +78,76 @@ def effective_remembrance(
         suffix = _last_distribution(model, params, batch, positions)[: len(group)]
         out.append(total_variation(full, suffix))
     return np.concatenate(out) if out else np.zeros((0,), np.float64)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _chunk_nll(model, params, tokens, positions, targets, cache):
+    logits, cache = model.apply({"params": params}, tokens, positions, cache)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    return nll, cache
+
+
+def loss_by_position(model, params, tokens, *, chunk_size: int = 512) -> np.ndarray:
+    """The next-token loss at every position of ``tokens [B, T]``, read in chunks through
+    the model's cache (memory bounded by what the cache keeps, not by T).
+
+    Returns:
+        float64 ``[B, T - 1]``: entry ``[b, i]`` is ``-log q(tokens[b, i + 1] | tokens[b,
+        : i + 1])``. Average over the batch and exponentiate for perplexity by position
+        (``bucket_means`` bins it).
+    """
+    tokens = np.asarray(tokens, np.int32)
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be [B, T] with T >= 2, got shape {tokens.shape}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    batch, length = tokens.shape
+    cache = model.init_cache(batch, length)
+    positions = np.broadcast_to(np.arange(length - 1, dtype=np.int32), (batch, length - 1))
+    out = []
+    for start in range(0, length - 1, chunk_size):
+        stop = min(start + chunk_size, length - 1)
+        nll, cache = _chunk_nll(
+            model, params, tokens[:, start:stop], positions[:, start:stop],
+            tokens[:, start + 1 : stop + 1], cache,
+        )  # fmt: skip
+        out.append(np.asarray(nll, np.float64))
+    return np.concatenate(out, axis=1)
+
+
+def bucket_means(values, edges: Sequence[int]) -> np.ndarray:
+    """Means of ``values [..., T]`` (over every leading axis too) in the position buckets
+    ``[edges[i], edges[i + 1])``; NaN for an empty bucket."""
+    values = np.asarray(values, np.float64)
+    values = values.reshape(-1, values.shape[-1])
+    edges = list(edges)
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"edges must increase, got {edges}")
+    means = []
+    for lo, hi in zip(edges, edges[1:]):
+        part = values[:, max(lo, 0) : hi]
+        means.append(part.mean() if part.size else np.nan)
+    return np.asarray(means)
+
+
+def plot_curves(path: str, x, curves: dict, *, xlabel: str, ylabel: str, title: str, logx=False):
+    """Writes one line per ``curves[label]`` against ``x`` as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    for label, y in curves.items():
+        axis.plot(x, y, label=label)
+    if logx:
+        axis.set_xscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.legend()
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
