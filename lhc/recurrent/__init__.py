@@ -4,12 +4,14 @@ recurrent models).
 This package has, so far, the recurrences the models are built from, each as a chunked
 parallel form over a sequence and a single step, both taking an initial state and
 returning the final one: Mamba-2's SSD (``ssd``, ``ssd_step``) and gated linear
-attention (``gla``, ``gla_step``); for any causal LM of the protocol, Effective
+attention (``gla``, ``gla_step``); Mamba-2's short causal convolution with its state,
+skipping padding anywhere (``causal_conv``); for any causal LM of the protocol, Effective
 Remembrance (``effective_remembrance``) and the loss by position read through its cache
 (``loss_by_position``, ``bucket_means``, ``plot_curves``); ``lhc bench recurrent`` (the chunked forms'
 training pass against a sequential scan).
 """
 
+from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.evaluation import (
     bucket_means,
     effective_remembrance,
@@ -21,6 +23,7 @@ from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [
     "bucket_means",
+    "causal_conv",
     "effective_remembrance",
     "gla",
     "gla_step",
