@@ -1,14 +1,19 @@
 """Recurrent-state models (Buitrago Ruiz & Gu, ICML 2025: length generalization of
 recurrent models).
 
-This package has, so far, the recurrences the models are built from, each as a chunked
-parallel form over a sequence and a single step, both taking an initial state and
-returning the final one: Mamba-2's SSD (``ssd``, ``ssd_step``) and gated linear
-attention (``gla``, ``gla_step``); Mamba-2's short causal convolution with its state,
-skipping padding anywhere (``causal_conv``); for any causal LM of the protocol, Effective
-Remembrance (``effective_remembrance``) and the loss by position read through its cache
-(``loss_by_position``, ``bucket_means``, ``plot_curves``); ``lhc bench recurrent`` (the chunked forms'
-training pass against a sequential scan).
+This package has, so far:
+
+* a Mamba-2 language model on the causal-LM protocol whose cache is the recurrent state
+  (``Mamba2LM``, ``Mamba2Config``, ``MambaCache``: memory independent of the context,
+  exact rollback of the latest call's last tokens for speculative decoding);
+* the recurrences, each as a chunked parallel form over a sequence and a single step,
+  both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
+  ``ssd_step``) and gated linear attention (``gla``, ``gla_step``); Mamba-2's short
+  causal convolution with its state, skipping padding anywhere (``causal_conv``);
+* for any causal LM of the protocol, Effective Remembrance (``effective_remembrance``)
+  and the loss by position read through its cache (``loss_by_position``,
+  ``bucket_means``, ``plot_curves``);
+* ``lhc bench recurrent``: the chunked forms' training pass against a sequential scan.
 """
 
 from lhc.recurrent.conv import causal_conv
@@ -19,9 +24,13 @@ from lhc.recurrent.evaluation import (
     plot_curves,
     total_variation,
 )
+from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM, MambaCache
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [
+    "Mamba2Config",
+    "Mamba2LM",
+    "MambaCache",
     "bucket_means",
     "causal_conv",
     "effective_remembrance",

@@ -1,0 +1,361 @@
+"""A Mamba-2 language model on the causal-LM protocol, its cache the recurrent state.
+
+Each block (pre-RMSNorm, residual): an input projection to ``z``, ``xBC`` and ``dt``;
+the short causal convolution of ``xBC`` with its own state (``causal_conv``) and SiLU;
+the SSD over heads of ``head_dim`` channels with a state of ``state_dim``
+(``lhc.recurrent.ssd``) plus the skip ``D x``; the gated RMSNorm ``norm(y * silu(z))``;
+the output projection.
+
+The cache (``MambaCache``) holds, per layer, the convolution's last ``K - 1`` inputs and
+the SSM state, so its memory does not depend on the context. Padding (position -1)
+leaves both unchanged. For speculative rollback it also keeps the states after each of
+the last ``rollback`` tokens of the latest call: truncating up to that many tokens back
+restores the exact state; further back the cache is marked broken and the model returns
+NaN logits for that sequence (``can_append`` is false).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.sharding import PartitionSpec
+
+from lhc.nn import Einsum, Embed, RMSNorm
+from lhc.recurrent.conv import causal_conv
+from lhc.recurrent.scan import ssd, ssd_step
+
+
+@dataclasses.dataclass(frozen=True)
+class Mamba2Config:
+    """Shape of a ``Mamba2LM``.
+
+    Attributes:
+        vocab_size: V.
+        num_layers: blocks.
+        embed_dim: D, the residual width.
+        expand: the inner width is ``expand * D``.
+        head_dim: P, channels per SSD head (``expand * D / P`` heads).
+        state_dim: N, the SSM state per channel.
+        num_groups: G, groups of heads sharing B and C.
+        conv_width: K, the causal convolution's width.
+        chunk_size: SSD chunk length.
+        rollback: how many tokens of the latest call truncation can undo exactly.
+        max_len: the longest sequence generation code should plan for (the state does
+            not grow with it).
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: the output projection is the embedding table.
+        dtype: compute dtype (the SSD runs in float32).
+    """
+
+    vocab_size: int
+    num_layers: int = 2
+    embed_dim: int = 64
+    expand: int = 2
+    head_dim: int = 16
+    state_dim: int = 16
+    num_groups: int = 1
+    conv_width: int = 4
+    chunk_size: int = 64
+    rollback: int = 16
+    max_len: int = 1 << 20
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "embed_dim", "expand", "head_dim",
+                     "state_dim", "num_groups", "conv_width", "chunk_size", "max_len"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Mamba2Config.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.rollback, int) or self.rollback < 0:
+            raise ValueError(f"Mamba2Config.rollback must be an int >= 0, got {self.rollback!r}")
+        if self.inner_dim % self.head_dim:
+            raise ValueError(
+                f"Mamba2Config: expand * embed_dim = {self.inner_dim} must be a multiple of "
+                f"head_dim = {self.head_dim}"
+            )
+        if self.num_heads % self.num_groups:
+            raise ValueError(
+                f"Mamba2Config: the {self.num_heads} heads must be a multiple of "
+                f"num_groups = {self.num_groups}"
+            )
+
+    @property
+    def inner_dim(self) -> int:
+        return self.expand * self.embed_dim
+
+    @property
+    def num_heads(self) -> int:
+        return self.inner_dim // self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner_dim + 2 * self.num_groups * self.state_dim
+
+
+@struct.dataclass
+class MambaCache:
+    """Per-layer states, and those after each of the latest call's last tokens.
+
+    Attributes:
+        conv: ``[L, B, R + 1, K - 1, conv_dim]``: ``conv[:, b, k]`` is the convolution
+            state ``k`` tokens back (``k = 0``: now), valid for ``k <= last``.
+        ssm: float32 ``[L, B, R + 1, H, P, N]``, the SSM states likewise.
+        history_positions: int32 ``[B, R]``, positions of the latest call's last tokens,
+            the most recent first (-1 for padding and beyond the call).
+        last: int32 ``[B]``, how many tokens back truncation restores exactly.
+        lengths: int32 ``[B]``, tokens appended.
+        top: int32 ``[B]``, the largest position held (-1 if none).
+        top_before: int32 ``[B]``, the largest position before the latest call.
+        intact: bool ``[B]``, false after truncating further back than ``last``.
+    """
+
+    conv: jax.Array
+    ssm: jax.Array
+    history_positions: jax.Array
+    last: jax.Array
+    lengths: jax.Array
+    top: jax.Array
+    top_before: jax.Array
+    intact: jax.Array
+
+    @property
+    def capacity(self) -> None:
+        return None
+
+    def truncate(self, new_lengths):
+        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
+        back = self.lengths - new_lengths
+        rollback = self.history_positions.shape[1]
+        pick = jnp.clip(back, 0, rollback)
+
+        def restore(history):  # [L, B, R + 1, ...] -> the state `back` tokens ago, now
+            index = pick.reshape((1, -1, 1) + (1,) * (history.ndim - 3))
+            state = jnp.take_along_axis(history, index, axis=2)
+            return jnp.zeros_like(history).at[:, :, :1].set(state)
+
+        kept = jnp.arange(rollback)[None, :] >= back[:, None]
+        kept_top = jnp.max(jnp.where(kept, self.history_positions, -1), axis=1, initial=-1)
+        top = jnp.where(back > 0, jnp.maximum(self.top_before, kept_top), self.top)
+        return MambaCache(
+            conv=restore(self.conv),
+            ssm=restore(self.ssm),
+            history_positions=jnp.full_like(self.history_positions, -1),
+            last=jnp.zeros_like(self.last),
+            lengths=new_lengths,
+            top=top,
+            top_before=top,
+            intact=self.intact & (back >= 0) & (back <= self.last),
+        )
+
+    def truncate_at_position(self, positions):
+        positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), self.lengths.shape)
+        rollback = self.history_positions.shape[1]
+        in_last = jnp.arange(rollback)[None, :] < self.last[:, None]
+        drop = jnp.sum(in_last & (self.history_positions >= positions[:, None]), axis=1)
+        return self.truncate(self.lengths - drop)
+
+    def next_positions(self):
+        return self.top + 1
+
+    def can_append(self, num_tokens):
+        del num_tokens
+        return self.intact
+
+    def validate_append(self, batch_size, num_tokens):
+        del num_tokens
+        if self.lengths.shape != (batch_size,):
+            raise ValueError(
+                f"the cache holds {self.lengths.shape[0]} sequences, the call has {batch_size}"
+            )
+
+    def logical_axes(self):
+        batch = PartitionSpec("cache_batch")
+        return MambaCache(
+            conv=PartitionSpec("layers", "cache_batch", None, None, None),
+            ssm=PartitionSpec("layers", "cache_batch", None, "cache_kv_heads", None, None),
+            history_positions=PartitionSpec("cache_batch", None),
+            last=batch,
+            lengths=batch,
+            top=batch,
+            top_before=batch,
+            intact=batch,
+        )
+
+
+def _param(module, name, init, shape, axes):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class Mamba2Block(nn.Module):
+    """One residual Mamba-2 block; returns the new residual stream and, with states in,
+    the states after each of the call's last ``tail`` tokens and after the call."""
+
+    config: Mamba2Config
+
+    def _split(self, zxbcdt):
+        c = self.config
+        z, xbc, dt = jnp.split(zxbcdt, [c.inner_dim, c.inner_dim + c.conv_dim], axis=-1)
+        return z, xbc, dt
+
+    def _ssd_inputs(self, xbc, dt, dt_bias, real):
+        c = self.config
+        x, b, cc = jnp.split(xbc, [c.inner_dim, c.inner_dim + c.num_groups * c.state_dim], -1)
+        lead = x.shape[:-1]
+        x = x.reshape(*lead, c.num_heads, c.head_dim)
+        b = b.reshape(*lead, c.num_groups, c.state_dim)
+        cc = cc.reshape(*lead, c.num_groups, c.state_dim)
+        dt = jax.nn.softplus(dt.astype(jnp.float32) + dt_bias)
+        dt = jnp.where(real[..., None], dt, 0.0)  # padding: no decay, no input
+        return x, dt, b, cc
+
+    @nn.compact
+    def __call__(self, x, real, conv_state, ssm_state, tail: int):
+        c = self.config
+        h = c.num_heads
+        in_proj = Einsum(
+            (c.embed_dim, 2 * c.inner_dim + 2 * c.num_groups * c.state_dim + h),
+            ("embed", "mlp"), dtype=c.dtype, name="in_proj",
+        )  # fmt: skip
+        conv_weight = _param(self, "conv_weight", nn.initializers.lecun_normal(in_axis=0, out_axis=1),
+                             (c.conv_width, c.conv_dim), (None, "mlp"))  # fmt: skip
+        conv_bias = _param(self, "conv_bias", nn.initializers.zeros, (c.conv_dim,), ("mlp",))
+        a_log = _param(self, "A_log", lambda k, s, d: jnp.log(jnp.linspace(1.0, 16.0, s[0], dtype=d)),
+                       (h,), ("heads",))  # fmt: skip
+        skip = _param(self, "D", nn.initializers.ones, (h,), ("heads",))
+
+        def dt_bias_init(key, shape, dtype):  # softplus^-1 of dt in [1e-3, 1e-1], log-uniform
+            dt = jnp.exp(jax.random.uniform(key, shape, dtype, jnp.log(1e-3), jnp.log(1e-1)))
+            return dt + jnp.log(-jnp.expm1(-dt))
+
+        dt_bias = _param(self, "dt_bias", dt_bias_init, (h,), ("heads",))
+        norm = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="norm")
+        gated_norm = RMSNorm(epsilon=c.norm_eps, dtype=jnp.float32, name="gated_norm")
+        out_proj = Einsum(
+            (c.inner_dim, c.embed_dim), ("mlp", "embed"), dtype=c.dtype, name="out_proj"
+        )
+        a = -jnp.exp(a_log)
+
+        z, xbc, dt = self._split(in_proj("BTD,DF->BTF", norm(x)))
+        t = x.shape[1]
+        head = t - tail
+        ys = []
+        if head:  # the chunked form over all but the call's last `tail` tokens
+            conv_out, conv_state = causal_conv(
+                xbc[:, :head], conv_weight, conv_bias, real=real[:, :head], state=conv_state
+            )
+            xs, dts, bs, cs = self._ssd_inputs(
+                jax.nn.silu(conv_out), dt[:, :head], dt_bias, real[:, :head]
+            )
+            y, ssm_state = ssd(xs, dts, a, bs, cs, chunk_size=c.chunk_size, initial_state=ssm_state)
+            ys.append(y + skip[:, None] * xs)
+        head_end = (conv_state, ssm_state)
+        tail_states = None
+        if tail:  # token by token, keeping the state after each one
+
+            def step(carry, inputs):
+                conv_s, ssm_s = carry
+                xbc_t, dt_t, real_t = inputs
+                out, conv_s = causal_conv(xbc_t[:, None], conv_weight, conv_bias,
+                                          real=real_t[:, None], state=conv_s)  # fmt: skip
+                xs, dts, bs, cs = self._ssd_inputs(jax.nn.silu(out[:, 0]), dt_t, dt_bias, real_t)
+                y, ssm_s = ssd_step(xs, dts, a, bs, cs, ssm_s)
+                return (conv_s, ssm_s), (y + skip[:, None] * xs, conv_s, ssm_s)
+
+            swap = lambda v: jnp.swapaxes(v, 0, 1)  # noqa: E731
+            (conv_state, ssm_state), (y, conv_hist, ssm_hist) = jax.lax.scan(
+                step, (conv_state, ssm_state),
+                (swap(xbc[:, head:]), swap(dt[:, head:]), swap(real[:, head:])),
+            )  # fmt: skip
+            ys.append(swap(y))
+            tail_states = (swap(conv_hist), swap(ssm_hist))  # [B, tail, ...], oldest first
+        y = jnp.concatenate(ys, axis=1).reshape(x.shape[0], t, c.inner_dim)
+        y = gated_norm(y * jax.nn.silu(z.astype(jnp.float32)))
+        x = x + out_proj("BTF,FD->BTD", y)
+        return x, head_end, tail_states
+
+
+class Mamba2LM(nn.Module):
+    """``logits, cache = model.apply(variables, tokens, positions, cache)`` (the causal-LM
+    protocol); ``cache=None`` for a plain forward pass."""
+
+    config: Mamba2Config
+
+    @nn.nowrap
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> MambaCache:
+        del max_len  # the state does not grow
+        c = self.config
+        r = c.rollback
+        return MambaCache(
+            conv=jnp.zeros((c.num_layers, batch_size, r + 1, c.conv_width - 1, c.conv_dim), c.dtype),
+            ssm=jnp.zeros((c.num_layers, batch_size, r + 1, c.num_heads, c.head_dim, c.state_dim), jnp.float32),
+            history_positions=jnp.full((batch_size, r), -1, jnp.int32),
+            last=jnp.zeros((batch_size,), jnp.int32),
+            lengths=jnp.zeros((batch_size,), jnp.int32),
+            top=jnp.full((batch_size,), -1, jnp.int32),
+            top_before=jnp.full((batch_size,), -1, jnp.int32),
+            intact=jnp.ones((batch_size,), bool),
+        )  # fmt: skip
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache: MambaCache | None = None, *, last_only=False):
+        c = self.config
+        if jnp.ndim(tokens) != 2 or jnp.shape(positions) != jnp.shape(tokens):
+            raise ValueError(
+                f"tokens and positions must both be [B, T], got {jnp.shape(tokens)} and "
+                f"{jnp.shape(positions)}"
+            )
+        batch, t = tokens.shape
+        if cache is not None:
+            cache.validate_append(batch, t)
+        embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
+        x = embed.encode(tokens)
+        real = positions >= 0
+        tail = 0 if cache is None else min(c.rollback, t)
+        conv_hist, ssm_hist = [], []
+        for layer in range(c.num_layers):
+            conv_state = ssm_state = None
+            if cache is not None:
+                conv_state, ssm_state = cache.conv[layer, :, 0], cache.ssm[layer, :, 0]
+            block = Mamba2Block(c, name=f"layer_{layer}")
+            x, head_end, tail_states = block(x, real, conv_state, ssm_state, tail)
+            if cache is not None:
+                # Index k: the state k tokens back (k = 0: now), then older states.
+                for hist, old, end, index in ((conv_hist, cache.conv, head_end[0], 0),
+                                              (ssm_hist, cache.ssm, head_end[1], 1)):  # fmt: skip
+                    parts = [end[:, None].astype(old.dtype), old[layer]]
+                    if tail_states is not None:
+                        parts.insert(0, tail_states[index][:, ::-1].astype(old.dtype))
+                    hist.append(jnp.concatenate(parts, axis=1)[:, : c.rollback + 1])
+        x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
+        if last_only:
+            x = x[:, -1:]
+        if c.tie_embeddings:
+            logits = embed.decode(x)
+        else:
+            logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
+                            out_dtype=jnp.float32, name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
+        logits = logits.astype(jnp.float32)
+        if cache is None:
+            return logits, None
+        newest_first = jnp.concatenate(
+            [positions[:, ::-1], jnp.full((batch, c.rollback), -1, jnp.int32)], axis=1
+        )[:, : c.rollback]
+        new_cache = MambaCache(
+            conv=jnp.stack(conv_hist),
+            ssm=jnp.stack(ssm_hist),
+            history_positions=newest_first,
+            last=jnp.full((batch,), tail, jnp.int32),
+            lengths=cache.lengths + t,
+            top=jnp.maximum(cache.top, jnp.max(positions, axis=1)),
+            top_before=cache.top,
+            intact=cache.intact,
+        )
+        logits = jnp.where(cache.intact[:, None, None], logits, jnp.nan)
+        return logits, new_cache
