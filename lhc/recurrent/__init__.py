@@ -4,7 +4,7 @@ recurrent models).
 This package has, so far:
 
 * a Mamba-2 language model on the causal-LM protocol whose cache is the recurrent state
-  (``Mamba2LM``, ``Mamba2Config``, ``MambaCache``: memory independent of the context,
+  (``Mamba2LM``, ``Mamba2Config``, ``RecurrentCache``: memory independent of the context,
   exact rollback of the latest call's last tokens for speculative decoding);
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
@@ -16,6 +16,7 @@ This package has, so far:
 * ``lhc bench recurrent``: the chunked forms' training pass against a sequential scan.
 """
 
+from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.evaluation import (
     bucket_means,
@@ -24,13 +25,13 @@ from lhc.recurrent.evaluation import (
     plot_curves,
     total_variation,
 )
-from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM, MambaCache
+from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [
     "Mamba2Config",
     "Mamba2LM",
-    "MambaCache",
+    "RecurrentCache",
     "bucket_means",
     "causal_conv",
     "effective_remembrance",

@@ -6,12 +6,11 @@ the SSD over heads of ``head_dim`` channels with a state of ``state_dim``
 (``lhc.recurrent.ssd``) plus the skip ``D x``; the gated RMSNorm ``norm(y * silu(z))``;
 the output projection.
 
-The cache (``MambaCache``) holds, per layer, the convolution's last ``K - 1`` inputs and
-the SSM state, so its memory does not depend on the context. Padding (position -1)
-leaves both unchanged. For speculative rollback it also keeps the states after each of
-the last ``rollback`` tokens of the latest call: truncating up to that many tokens back
-restores the exact state; further back the cache is marked broken and the model returns
-NaN logits for that sequence (``can_append`` is false).
+The cache (``RecurrentCache``) holds, per layer, the convolution's last ``K - 1`` inputs
+and the SSM state, so its memory does not depend on the context; padding (position -1)
+leaves both unchanged. A call runs the chunked SSD over all but its last ``rollback``
+tokens and steps through those, recording the state after each, so truncation for
+speculative rollback within them is exact.
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
-from jax.sharding import PartitionSpec
 
 from lhc.nn import Einsum, Embed, RMSNorm
+from lhc.recurrent.cache import RecurrentCache, layer_history
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
 
@@ -97,96 +95,6 @@ class Mamba2Config:
     @property
     def conv_dim(self) -> int:
         return self.inner_dim + 2 * self.num_groups * self.state_dim
-
-
-@struct.dataclass
-class MambaCache:
-    """Per-layer states, and those after each of the latest call's last tokens.
-
-    Attributes:
-        conv: ``[L, B, R + 1, K - 1, conv_dim]``: ``conv[:, b, k]`` is the convolution
-            state ``k`` tokens back (``k = 0``: now), valid for ``k <= last``.
-        ssm: float32 ``[L, B, R + 1, H, P, N]``, the SSM states likewise.
-        history_positions: int32 ``[B, R]``, positions of the latest call's last tokens,
-            the most recent first (-1 for padding and beyond the call).
-        last: int32 ``[B]``, how many tokens back truncation restores exactly.
-        lengths: int32 ``[B]``, tokens appended.
-        top: int32 ``[B]``, the largest position held (-1 if none).
-        top_before: int32 ``[B]``, the largest position before the latest call.
-        intact: bool ``[B]``, false after truncating further back than ``last``.
-    """
-
-    conv: jax.Array
-    ssm: jax.Array
-    history_positions: jax.Array
-    last: jax.Array
-    lengths: jax.Array
-    top: jax.Array
-    top_before: jax.Array
-    intact: jax.Array
-
-    @property
-    def capacity(self) -> None:
-        return None
-
-    def truncate(self, new_lengths):
-        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
-        back = self.lengths - new_lengths
-        rollback = self.history_positions.shape[1]
-        pick = jnp.clip(back, 0, rollback)
-
-        def restore(history):  # [L, B, R + 1, ...] -> the state `back` tokens ago, now
-            index = pick.reshape((1, -1, 1) + (1,) * (history.ndim - 3))
-            state = jnp.take_along_axis(history, index, axis=2)
-            return jnp.zeros_like(history).at[:, :, :1].set(state)
-
-        kept = jnp.arange(rollback)[None, :] >= back[:, None]
-        kept_top = jnp.max(jnp.where(kept, self.history_positions, -1), axis=1, initial=-1)
-        top = jnp.where(back > 0, jnp.maximum(self.top_before, kept_top), self.top)
-        return MambaCache(
-            conv=restore(self.conv),
-            ssm=restore(self.ssm),
-            history_positions=jnp.full_like(self.history_positions, -1),
-            last=jnp.zeros_like(self.last),
-            lengths=new_lengths,
-            top=top,
-            top_before=top,
-            intact=self.intact & (back >= 0) & (back <= self.last),
-        )
-
-    def truncate_at_position(self, positions):
-        positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), self.lengths.shape)
-        rollback = self.history_positions.shape[1]
-        in_last = jnp.arange(rollback)[None, :] < self.last[:, None]
-        drop = jnp.sum(in_last & (self.history_positions >= positions[:, None]), axis=1)
-        return self.truncate(self.lengths - drop)
-
-    def next_positions(self):
-        return self.top + 1
-
-    def can_append(self, num_tokens):
-        del num_tokens
-        return self.intact
-
-    def validate_append(self, batch_size, num_tokens):
-        del num_tokens
-        if self.lengths.shape != (batch_size,):
-            raise ValueError(
-                f"the cache holds {self.lengths.shape[0]} sequences, the call has {batch_size}"
-            )
-
-    def logical_axes(self):
-        batch = PartitionSpec("cache_batch")
-        return MambaCache(
-            conv=PartitionSpec("layers", "cache_batch", None, None, None),
-            ssm=PartitionSpec("layers", "cache_batch", None, "cache_kv_heads", None, None),
-            history_positions=PartitionSpec("cache_batch", None),
-            last=batch,
-            lengths=batch,
-            top=batch,
-            top_before=batch,
-            intact=batch,
-        )
 
 
 def _param(module, name, init, shape, axes):
@@ -288,23 +196,17 @@ class Mamba2LM(nn.Module):
     config: Mamba2Config
 
     @nn.nowrap
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> MambaCache:
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentCache:
         del max_len  # the state does not grow
         c = self.config
-        r = c.rollback
-        return MambaCache(
-            conv=jnp.zeros((c.num_layers, batch_size, r + 1, c.conv_width - 1, c.conv_dim), c.dtype),
-            ssm=jnp.zeros((c.num_layers, batch_size, r + 1, c.num_heads, c.head_dim, c.state_dim), jnp.float32),
-            history_positions=jnp.full((batch_size, r), -1, jnp.int32),
-            last=jnp.zeros((batch_size,), jnp.int32),
-            lengths=jnp.zeros((batch_size,), jnp.int32),
-            top=jnp.full((batch_size,), -1, jnp.int32),
-            top_before=jnp.full((batch_size,), -1, jnp.int32),
-            intact=jnp.ones((batch_size,), bool),
+        return RecurrentCache.create(
+            {"conv": (c.conv_width - 1, c.conv_dim), "ssm": (c.num_heads, c.head_dim, c.state_dim)},
+            num_layers=c.num_layers, batch_size=batch_size, rollback=c.rollback,
+            dtypes={"conv": c.dtype, "ssm": jnp.float32},
         )  # fmt: skip
 
     @nn.compact
-    def __call__(self, tokens, positions, cache: MambaCache | None = None, *, last_only=False):
+    def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
         c = self.config
         if jnp.ndim(tokens) != 2 or jnp.shape(positions) != jnp.shape(tokens):
             raise ValueError(
@@ -318,21 +220,18 @@ class Mamba2LM(nn.Module):
         x = embed.encode(tokens)
         real = positions >= 0
         tail = 0 if cache is None else min(c.rollback, t)
-        conv_hist, ssm_hist = [], []
+        history = {"conv": [], "ssm": []}
         for layer in range(c.num_layers):
             conv_state = ssm_state = None
             if cache is not None:
-                conv_state, ssm_state = cache.conv[layer, :, 0], cache.ssm[layer, :, 0]
+                conv_state, ssm_state = cache.now("conv", layer), cache.now("ssm", layer)
             block = Mamba2Block(c, name=f"layer_{layer}")
             x, head_end, tail_states = block(x, real, conv_state, ssm_state, tail)
             if cache is not None:
-                # Index k: the state k tokens back (k = 0: now), then older states.
-                for hist, old, end, index in ((conv_hist, cache.conv, head_end[0], 0),
-                                              (ssm_hist, cache.ssm, head_end[1], 1)):  # fmt: skip
-                    parts = [end[:, None].astype(old.dtype), old[layer]]
-                    if tail_states is not None:
-                        parts.insert(0, tail_states[index][:, ::-1].astype(old.dtype))
-                    hist.append(jnp.concatenate(parts, axis=1)[:, : c.rollback + 1])
+                for i, name in enumerate(("conv", "ssm")):
+                    tail_i = None if tail_states is None else tail_states[i]
+                    old = cache.states[name][layer]
+                    history[name].append(layer_history(old, head_end[i], tail_i, c.rollback))
         x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
         if last_only:
             x = x[:, -1:]
@@ -344,18 +243,8 @@ class Mamba2LM(nn.Module):
         logits = logits.astype(jnp.float32)
         if cache is None:
             return logits, None
-        newest_first = jnp.concatenate(
-            [positions[:, ::-1], jnp.full((batch, c.rollback), -1, jnp.int32)], axis=1
-        )[:, : c.rollback]
-        new_cache = MambaCache(
-            conv=jnp.stack(conv_hist),
-            ssm=jnp.stack(ssm_hist),
-            history_positions=newest_first,
-            last=jnp.full((batch,), tail, jnp.int32),
-            lengths=cache.lengths + t,
-            top=jnp.maximum(cache.top, jnp.max(positions, axis=1)),
-            top_before=cache.top,
-            intact=cache.intact,
+        new_cache = cache.appended(
+            {name: jnp.stack(h) for name, h in history.items()}, positions, tail
         )
         logits = jnp.where(cache.intact[:, None, None], logits, jnp.nan)
         return logits, new_cache
