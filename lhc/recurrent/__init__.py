@@ -3,9 +3,10 @@ recurrent models).
 
 This package has, so far:
 
-* a Mamba-2 language model on the causal-LM protocol whose cache is the recurrent state
-  (``Mamba2LM``, ``Mamba2Config``, ``RecurrentCache``: memory independent of the context,
-  exact rollback of the latest call's last tokens for speculative decoding);
+* Mamba-2 and gated-linear-attention language models on the causal-LM protocol whose
+  cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
+  independent of the context, exact rollback of the latest call's last tokens for
+  speculative decoding);
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
   ``ssd_step``) and gated linear attention (``gla``, ``gla_step``); Mamba-2's short
@@ -25,10 +26,13 @@ from lhc.recurrent.evaluation import (
     plot_curves,
     total_variation,
 )
+from lhc.recurrent.gla_lm import GLALM, GLAConfig
 from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [
+    "GLAConfig",
+    "GLALM",
     "Mamba2Config",
     "Mamba2LM",
     "RecurrentCache",

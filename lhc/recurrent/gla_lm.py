@@ -1,0 +1,181 @@
+"""A gated-linear-attention language model (Yang et al., 2024) on the causal-LM protocol.
+
+Each layer (pre-RMSNorm, residual): GLA over heads (queries, keys and values; forget
+gates ``log_sigmoid(W2 W1 x + b) / temperature`` per key channel from a rank-16
+projection; ``lhc.recurrent.gla``), a per-head RMSNorm of the output gated by
+``silu(W_r x)``, the output projection; then a SwiGLU MLP. The cache
+(``RecurrentCache``) holds each layer's ``[H, Dk, Dv]`` state; padding (position -1)
+has zero keys and zero log-gates, so it leaves the state unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lhc.nn import Einsum, Embed, RMSNorm, SwiGLU
+from lhc.recurrent.cache import RecurrentCache, layer_history
+from lhc.recurrent.scan import gla, gla_step
+
+
+@dataclasses.dataclass(frozen=True)
+class GLAConfig:
+    """Shape of a ``GLALM``.
+
+    Attributes:
+        vocab_size: V.
+        num_layers: layers (GLA and MLP each).
+        embed_dim: D.
+        num_heads: H.
+        key_dim: Dk per head.
+        value_dim: Dv per head.
+        gate_rank: rank of the forget-gate projection.
+        gate_temperature: log-gates are ``log_sigmoid(.) / gate_temperature``.
+        mlp_dim: SwiGLU hidden width.
+        chunk_size: GLA chunk length.
+        rollback: how many tokens of the latest call truncation can undo exactly.
+        max_len: the longest sequence generation code should plan for.
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: the output projection is the embedding table.
+        dtype: compute dtype (the recurrence runs in float32).
+    """
+
+    vocab_size: int
+    num_layers: int = 2
+    embed_dim: int = 64
+    num_heads: int = 2
+    key_dim: int = 16
+    value_dim: int = 32
+    gate_rank: int = 16
+    gate_temperature: float = 16.0
+    mlp_dim: int = 128
+    chunk_size: int = 64
+    rollback: int = 16
+    max_len: int = 1 << 20
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "embed_dim", "num_heads", "key_dim",
+                     "value_dim", "gate_rank", "mlp_dim", "chunk_size", "max_len"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GLAConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.rollback, int) or self.rollback < 0:
+            raise ValueError(f"GLAConfig.rollback must be an int >= 0, got {self.rollback!r}")
+        if not self.gate_temperature > 0:
+            raise ValueError(f"GLAConfig.gate_temperature must be > 0, got {self.gate_temperature}")
+
+
+class GLALayer(nn.Module):
+    """GLA and an MLP, each residual; returns the new stream, the state after all but
+    the last ``tail`` tokens and the states after each of those (or None)."""
+
+    config: GLAConfig
+
+    @nn.compact
+    def __call__(self, x, real, state, tail: int):
+        c = self.config
+        h, dk, dv, d = c.num_heads, c.key_dim, c.value_dim, c.embed_dim
+
+        def proj(shape, axes, name, **kw):
+            return Einsum(shape, axes, dtype=c.dtype, name=name, **kw)
+
+        y = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="attn_norm")(x)
+        q = proj((d, h, dk), ("embed", "heads", "kv"), "q")("BTD,DHK->BTHK", y)
+        k = proj((d, h, dk), ("embed", "heads", "kv"), "k")("BTD,DHK->BTHK", y)
+        v = proj((d, h, dv), ("embed", "heads", "kv"), "v")("BTD,DHV->BTHV", y)
+        low = proj((d, c.gate_rank), ("embed", None), "gate_down")("BTD,DR->BTR", y)
+        gates = proj((c.gate_rank, h, dk), (None, "heads", "kv"), "gate_up", use_bias=True)(
+            "BTR,RHK->BTHK", low
+        )
+        log_gates = jax.nn.log_sigmoid(gates.astype(jnp.float32)) / c.gate_temperature
+        keep = real[..., None, None]
+        k = jnp.where(keep, k, 0)  # padding adds nothing and forgets nothing
+        log_gates = jnp.where(keep, log_gates, 0.0)
+        q = q * dk**-0.5
+        t = x.shape[1]
+        head = t - tail
+        outs = []
+        if head:
+            o, state = gla(q[:, :head], k[:, :head], v[:, :head], log_gates[:, :head],
+                           chunk_size=c.chunk_size, initial_state=state)  # fmt: skip
+            outs.append(o)
+        head_end, tail_states = state, None
+        if tail:
+
+            def step(s, inputs):
+                o, s = gla_step(*inputs, s)
+                return s, (o, s)
+
+            swap = lambda a: jnp.swapaxes(a[:, head:], 0, 1)  # noqa: E731
+            state = jnp.zeros((x.shape[0], h, dk, dv), jnp.float32) if state is None else state
+            _, (o, states) = jax.lax.scan(step, state, tuple(map(swap, (q, k, v, log_gates))))
+            outs.append(jnp.swapaxes(o, 0, 1))
+            tail_states = jnp.swapaxes(states, 0, 1)
+        o = jnp.concatenate(outs, axis=1)
+        o = RMSNorm(epsilon=c.norm_eps, dtype=jnp.float32, name="head_norm")(o)
+        r = proj((d, h, dv), ("embed", "heads", "kv"), "out_gate")("BTD,DHV->BTHV", y)
+        o = (o * jax.nn.silu(r.astype(jnp.float32))).astype(c.dtype)
+        x = x + proj((h, dv, d), ("heads", "kv", "embed"), "o", in_dims=2)("BTHV,HVD->BTD", o)
+        y = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="mlp_norm")(x)
+        x = x + SwiGLU(c.mlp_dim, dtype=c.dtype, name="mlp")(y)
+        return x, head_end, tail_states
+
+
+class GLALM(nn.Module):
+    """``logits, cache = model.apply(variables, tokens, positions, cache)`` (the causal-LM
+    protocol); ``cache=None`` for a plain forward pass."""
+
+    config: GLAConfig
+
+    @nn.nowrap
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentCache:
+        del max_len  # the state does not grow
+        c = self.config
+        return RecurrentCache.create(
+            {"gla": (c.num_heads, c.key_dim, c.value_dim)}, num_layers=c.num_layers,
+            batch_size=batch_size, rollback=c.rollback, dtypes={"gla": jnp.float32},
+        )  # fmt: skip
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
+        c = self.config
+        if jnp.ndim(tokens) != 2 or jnp.shape(positions) != jnp.shape(tokens):
+            raise ValueError(
+                f"tokens and positions must both be [B, T], got {jnp.shape(tokens)} and "
+                f"{jnp.shape(positions)}"
+            )
+        batch, t = tokens.shape
+        if cache is not None:
+            cache.validate_append(batch, t)
+        embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
+        x = embed.encode(tokens)
+        real = positions >= 0
+        tail = 0 if cache is None else min(c.rollback, t)
+        history = []
+        for layer in range(c.num_layers):
+            state = None if cache is None else cache.now("gla", layer)
+            x, head_end, tail_states = GLALayer(c, name=f"layer_{layer}")(x, real, state, tail)
+            if cache is not None:
+                old = cache.states["gla"][layer]
+                history.append(layer_history(old, head_end, tail_states, c.rollback))
+        x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
+        if last_only:
+            x = x[:, -1:]
+        if c.tie_embeddings:
+            logits = embed.decode(x)
+        else:
+            logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
+                            out_dtype=jnp.float32, name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
+        logits = logits.astype(jnp.float32)
+        if cache is None:
+            return logits, None
+        new_cache = cache.appended({"gla": jnp.stack(history)}, positions, tail)
+        logits = jnp.where(cache.intact[:, None, None], logits, jnp.nan)
+        return logits, new_cache
