@@ -12,21 +12,32 @@ outputs. Shapes: batch 2, 4 heads of Mamba-2's size for SSD (64 channels, state 
 one group), 4 GLA heads with keys of 64 and values of 128 (GLA's values are twice its
 keys).
 
-    lhc bench recurrent --lengths 1024,4096
+Then, with ``--positions``, the decode step of a Mamba-2 LM and a GLA LM (4 layers,
+width 256, random weights): the time per generated token and the cache's bytes at each
+position, one sequence, greedy, ``--steps`` tokens in one jitted loop (the fastest of
+``--repeats``). A recurrent cache is brought to a position by setting its counters and
+filling its states with random values: what a step costs does not depend on how the
+state was reached, and a real prefill to 1M tokens would take hours on a CPU.
+
+    lhc bench recurrent --lengths 1024,4096 --positions 1024,32768,1048576
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lhc.lm.bench import best_time
+from lhc.recurrent.gla_lm import GLALM, GLAConfig
+from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 BATCH = 2
@@ -121,6 +132,61 @@ def measure(
     return rows
 
 
+def decode_models(size: str = "small") -> dict[str, Any]:
+    """The two recurrent LMs of the decode rows: 4 layers of width 256 (``small``), or 1
+    layer of width 32 (``tiny``, for tests)."""
+    layers, width, head, state = (4, 256, 64, 128) if size == "small" else (1, 32, 8, 8)
+    return {
+        "mamba2": Mamba2LM(Mamba2Config(vocab_size=512, num_layers=layers, embed_dim=width,
+                                        head_dim=head, state_dim=state)),
+        "gla": GLALM(GLAConfig(vocab_size=512, num_layers=layers, embed_dim=width, num_heads=4,
+                               key_dim=head, value_dim=2 * head, mlp_dim=2 * width)),
+    }  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _decode(model, params, token, cache, steps):
+    def step(_, carry):
+        token, cache = carry
+        position = cache.next_positions()[:, None]
+        logits, cache = model.apply({"params": params}, token, position, cache)
+        return jnp.argmax(logits[:, -1], axis=-1)[:, None].astype(jnp.int32), cache
+
+    return jax.lax.fori_loop(0, steps, step, (token, cache))
+
+
+def measure_decode(positions, steps: int = 32, repeats: int = 3, size: str = "small"):
+    rows = []
+    for name, model in decode_models(size).items():
+        one = jnp.zeros((1, 1), jnp.int32)
+        params = nn.meta.unbox(model.init(jax.random.key(0), one, one)["params"])
+        for position in positions:
+            cache = model.init_cache(1)
+            r = np.random.default_rng(position)
+            cache = cache.replace(
+                states={k: jnp.asarray(r.normal(size=v.shape), v.dtype) for k, v in cache.states.items()},
+                lengths=jnp.full((1,), position, jnp.int32),
+                top=jnp.full((1,), position - 1, jnp.int32),
+                top_before=jnp.full((1,), position - 1, jnp.int32),
+            )  # fmt: skip
+            run = functools.partial(_decode, model, params, one, cache, steps)
+            jax.block_until_ready(run())  # compiles
+            seconds = best_time(lambda run=run: jax.block_until_ready(run()), repeats)
+            row = {"model": name, "position": position, "ms_per_token": 1e3 * seconds / steps}
+            row["cache_bytes"] = sum(x.nbytes for x in jax.tree.leaves(cache))
+            rows.append(row)
+    return rows
+
+
+def decode_table(rows) -> str:
+    lines = ["| model | position | ms / token | cache (KiB) |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['position']} | {r['ms_per_token']:.3f} | {r['cache_bytes'] / 1024:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows) -> str:
     lines = [
         "| recurrence | length x batch | chunked tok/s | scan tok/s | speedup | same outputs |",
@@ -139,6 +205,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", default="1024,4096", help="comma-separated sequence lengths")
     parser.add_argument("--chunk-size", type=int, default=64, help="tokens per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls; the fastest counts")
+    parser.add_argument("--positions", default="", help="comma-separated decode positions")
+    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per loop")
+    parser.add_argument("--size", choices=("small", "tiny"), default="small", help="decode models")
     parser.add_argument("--json", default=None, help="write the rows to this file")
     return parser
 
@@ -152,6 +221,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         raise SystemExit(f"--lengths must be comma-separated ints, got {args.lengths!r}") from None
     if min(lengths) < 1:
         raise SystemExit(f"--lengths must be positive, got {args.lengths!r}")
+    try:
+        positions = [int(v) for v in args.positions.split(",")] if args.positions else []
+    except ValueError:
+        raise SystemExit(
+            f"--positions must be comma-separated ints, got {args.positions!r}"
+        ) from None
+    if positions and min(positions) < 1:
+        raise SystemExit(f"--positions must be positive, got {args.positions!r}")
     start = time.perf_counter()
     rows = measure(lengths, args.chunk_size, args.repeats)
     print(table(rows))
@@ -160,6 +237,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(
                 f"{row['recurrence']}: chunked / scan training at T = 4096: {row['speedup']:.1f}x (goal >= 5x)"
             )
+    if positions:
+        decode = measure_decode(positions, args.steps, args.repeats, args.size)
+        print(decode_table(decode))
+        for name in sorted({r["model"] for r in decode}):
+            times = [r["ms_per_token"] for r in decode if r["model"] == name]
+            ratio = max(times) / min(times)
+            print(f"{name}: slowest / fastest step over the positions: {ratio:.2f}x (goal <= 1.2x)")
+        rows = rows + decode
     print(f"device: {jax.devices()[0].device_kind}; {time.perf_counter() - start:.0f} s")
     if args.json:
         with open(args.json, "w") as handle:

@@ -7,8 +7,14 @@ from lhc.recurrent import bench
 
 
 def test_bench_rows(capsys):
-    rows = bench.main(["--lengths", "40", "--chunk-size", "16", "--repeats", "1"])
+    rows = bench.main(["--lengths", "40", "--chunk-size", "16", "--repeats", "1",
+                       "--positions", "10,100000", "--steps", "2", "--size", "tiny"])  # fmt: skip
+    rows, decode = rows[:2], rows[2:]
     assert [(r["recurrence"], r["length"]) for r in rows] == [("ssd", 40), ("gla", 40)]
+    assert [(r["model"], r["position"]) for r in decode] == [
+        ("mamba2", 10), ("mamba2", 100000), ("gla", 10), ("gla", 100000)
+    ]  # fmt: skip
+    assert all(r["ms_per_token"] > 0 and r["cache_bytes"] > 0 for r in decode)
     for row in rows:
         assert (
             row["same_outputs"] and row["chunked_tokens_per_s"] > 0 and row["scan_tokens_per_s"] > 0

@@ -81,12 +81,12 @@ def test_cache_follows_the_protocol(model):
 
 
 def test_calls_of_any_length_through_the_cache_equal_one_forward(model):
-    """Appends of 9 (chunked head + token-by-token tail), 1, 3 and 6 tokens."""
+    """Appends of 9 (chunked head + token-by-token tail), 1 and 9 tokens."""
     params = make_params(model, 0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 41, (2, 19)), jnp.int32)
     want = full_logits(model, params, tokens, arange(2, 0, 19))
     cache, got, start = model.init_cache(2, 19), [], 0
-    for size in (9, 1, 3, 6):
+    for size in (9, 1, 9):
         logits, cache = apply(
             model, params, tokens[:, start : start + size], arange(2, start, start + size), cache
         )
