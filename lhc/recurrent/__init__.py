@@ -6,7 +6,8 @@ This package has, so far:
 * Mamba-2 and gated-linear-attention language models on the causal-LM protocol whose
   cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
   independent of the context, exact rollback of the latest call's last tokens for
-  speculative decoding);
+  speculative decoding), with model factories for ``lhc.train``
+  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``);
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
   ``ssd_step``) and gated linear attention (``gla``, ``gla_step``); Mamba-2's short

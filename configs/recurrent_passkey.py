@@ -1,0 +1,81 @@
+r"""A recurrent LM (Mamba-2 or GLA) trained on passkey retrieval at 256 tokens, on a CPU.
+
+    lhc train --config configs/recurrent_passkey.py:tiny,model=mamba2 --workdir /tmp/mamba2_passkey
+    lhc eval --workdir /tmp/mamba2_passkey \
+        --config.passkey_eval.lengths="(256,1024,4096,25600)"
+
+Sizes (the part after the colon): ``tiny``, 2 layers of width 64 (Mamba-2: heads of 16
+channels, state 16; GLA: 2 heads, keys 16, values 32, MLP 128), batch 8, 1200 steps.
+Flags: ``model=mamba2|gla``, ``runlocal`` (a few steps, a smoke test).
+
+Byte tokens; the loss is the answer digits' plus the next-token loss of the whole
+sequence, as in ``configs/gca_passkey.py``. The state does not grow with the context,
+so the evaluation may run at 100x the training length.
+"""
+
+import ml_collections
+
+from lhc.train.config import base_config, parse_arg
+
+VOCAB = 259  # 256 bytes, pad / bos / eos
+TRAIN_LENGTH = 256
+_MODELS = {
+    "mamba2": (
+        "lhc.recurrent.factories:mamba2_from_config",
+        dict(num_layers=2, embed_dim=64, expand=2, head_dim=16, state_dim=16, num_groups=1,
+             conv_width=4, chunk_size=64),
+    ),
+    "gla": (
+        "lhc.recurrent.factories:gla_from_config",
+        dict(num_layers=2, embed_dim=64, num_heads=2, key_dim=16, value_dim=32, gate_rank=16,
+             mlp_dim=128, chunk_size=64),
+    ),
+}  # fmt: skip
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, size="tiny", model="mamba2", runlocal=False)
+    if arg.size != "tiny":
+        raise ValueError(f"config arg size must be 'tiny', got {arg.size!r}")
+    if arg.model not in _MODELS:
+        raise ValueError(f"config arg model must be one of {sorted(_MODELS)}, got {arg.model!r}")
+    factory, fields = _MODELS[arg.model]
+    config = base_config("passkey")
+    config.seed = 0
+    config.num_steps = 10 if arg.runlocal else 1200
+    config.batch_size = 8
+    config.eval_batches = 2
+    config.log_every = 10
+    config.checkpoint_every = 500
+    config.data = ml_collections.ConfigDict(
+        dict(length=TRAIN_LENGTH, filler_paths=None, digits=5, lm_loss_weight=1.0)
+    )
+    config.passkey_eval = ml_collections.ConfigDict(
+        dict(
+            lengths=(),
+            depths=(0.0, 0.25, 0.5, 0.75, 1.0),
+            samples=4,
+            batch_size=4,
+            prefill_chunk=1024,
+            output_dir="",
+        )
+    )
+    config.model_factory = factory
+    config.model = ml_collections.ConfigDict(
+        dict(vocab_size=VOCAB, rollback=16, max_len=1 << 20, tie_embeddings=True, **fields)
+    )
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=2e-3,
+            warmup_steps=max(config.num_steps // 50, 1),
+            schedule="cosine",
+            end_lr_fraction=0.2,
+            b1=0.9,
+            b2=0.95,
+            eps=1e-8,
+            weight_decay=0.001,
+            grad_clip_norm=1.0,
+        )
+    )  # the settings of configs/gca_passkey.py
+    return config
