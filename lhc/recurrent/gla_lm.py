@@ -135,12 +135,18 @@ class GLALM(nn.Module):
     config: GLAConfig
 
     @nn.nowrap
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentCache:
+    def init_cache(
+        self, batch_size: int, max_len: int | None = None, *, rollback: int | None = None
+    ) -> RecurrentCache:
+        """Zero states. ``rollback`` (default ``config.rollback``) sets how many of a
+        call's last tokens truncation can undo; 0 keeps only the current states (a
+        training-time cache carrying states between batches)."""
         del max_len  # the state does not grow
         c = self.config
         return RecurrentCache.create(
             {"gla": (c.num_heads, c.key_dim, c.value_dim)}, num_layers=c.num_layers,
-            batch_size=batch_size, rollback=c.rollback, dtypes={"gla": jnp.float32},
+            batch_size=batch_size,
+            rollback=c.rollback if rollback is None else rollback, dtypes={"gla": jnp.float32},
         )  # fmt: skip
 
     @nn.compact
@@ -157,14 +163,14 @@ class GLALM(nn.Module):
         embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
         x = embed.encode(tokens)
         real = positions >= 0
-        tail = 0 if cache is None else min(c.rollback, t)
+        tail = 0 if cache is None else min(cache.rollback, t)
         history = []
         for layer in range(c.num_layers):
             state = None if cache is None else cache.now("gla", layer)
             x, head_end, tail_states = GLALayer(c, name=f"layer_{layer}")(x, real, state, tail)
             if cache is not None:
                 old = cache.states["gla"][layer]
-                history.append(layer_history(old, head_end, tail_states, c.rollback))
+                history.append(layer_history(old, head_end, tail_states, cache.rollback))
         x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
         if last_only:
             x = x[:, -1:]

@@ -196,12 +196,18 @@ class Mamba2LM(nn.Module):
     config: Mamba2Config
 
     @nn.nowrap
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> RecurrentCache:
+    def init_cache(
+        self, batch_size: int, max_len: int | None = None, *, rollback: int | None = None
+    ) -> RecurrentCache:
+        """Zero states. ``rollback`` (default ``config.rollback``) sets how many of a
+        call's last tokens truncation can undo; 0 keeps only the current states (a
+        training-time cache carrying states between batches)."""
         del max_len  # the state does not grow
         c = self.config
         return RecurrentCache.create(
             {"conv": (c.conv_width - 1, c.conv_dim), "ssm": (c.num_heads, c.head_dim, c.state_dim)},
-            num_layers=c.num_layers, batch_size=batch_size, rollback=c.rollback,
+            num_layers=c.num_layers, batch_size=batch_size,
+            rollback=c.rollback if rollback is None else rollback,
             dtypes={"conv": c.dtype, "ssm": jnp.float32},
         )  # fmt: skip
 
@@ -219,7 +225,7 @@ class Mamba2LM(nn.Module):
         embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
         x = embed.encode(tokens)
         real = positions >= 0
-        tail = 0 if cache is None else min(c.rollback, t)
+        tail = 0 if cache is None else min(cache.rollback, t)
         history = {"conv": [], "ssm": []}
         for layer in range(c.num_layers):
             conv_state = ssm_state = None
@@ -231,7 +237,7 @@ class Mamba2LM(nn.Module):
                 for i, name in enumerate(("conv", "ssm")):
                     tail_i = None if tail_states is None else tail_states[i]
                     old = cache.states[name][layer]
-                    history[name].append(layer_history(old, head_end[i], tail_i, c.rollback))
+                    history[name].append(layer_history(old, head_end[i], tail_i, cache.rollback))
         x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
         if last_only:
             x = x[:, -1:]

@@ -166,3 +166,31 @@ def test_bad_config_is_a_clear_error():
         Mamba2Config(vocab_size=8, rollback=-1)
     with pytest.raises(ValueError, match="GLAConfig.key_dim must be a positive int, got 0"):
         GLAConfig(vocab_size=8, key_dim=0)
+
+
+def test_a_training_cache_without_rollback_carries_any_initial_state(model):
+    """A rollback-0 cache holding random states (what noise initialisation and state
+    passing start from): two calls through it equal one call through a cache with the
+    default rollback (its chunked head and stepped tail) from the same states."""
+    params = make_params(model, 4)
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 41, (2, 19)), jnp.int32)
+    r = np.random.default_rng(3)
+
+    def start(cache):
+        states = {
+            k: v.at[:, :, 0].set(r.normal(size=v[:, :, 0].shape)) for k, v in cache.states.items()
+        }
+        return cache.replace(states=states)
+
+    light = start(model.init_cache(2, rollback=0))
+    assert all(v.shape[2] == 1 for v in light.states.values())
+    full = model.init_cache(2)
+    full = full.replace(
+        states={k: v.at[:, :, 0].set(light.states[k][:, :, 0]) for k, v in full.states.items()}
+    )
+    want, _ = apply(model, params, tokens, arange(2, 0, 19), full)
+    first, light = apply(model, params, tokens[:, :9], arange(2, 0, 9), light)
+    second, _ = apply(model, params, tokens[:, 9:], arange(2, 9, 19), light)
+    np.testing.assert_allclose(jnp.concatenate([first, second], 1), want, rtol=2e-4, atol=2e-4)
+    zero, _ = apply(model, params, tokens, arange(2, 0, 19), model.init_cache(2))
+    assert not np.allclose(zero, want, atol=1e-2)  # the initial state matters
