@@ -7,7 +7,8 @@ This package has, so far:
   cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
   independent of the context, exact rollback of the latest call's last tokens for
   speculative decoding), with model factories for ``lhc.train``
-  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``);
+  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``) and training from
+  i.i.d. Gaussian initial states (``lhc.recurrent.task``);
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
   ``ssd_step``) and gated linear attention (``gla``, ``gla_step``); Mamba-2's short
