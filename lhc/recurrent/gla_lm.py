@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lhc.nn import Einsum, Embed, RMSNorm, SwiGLU
-from lhc.recurrent.cache import RecurrentCache, layer_history
+from lhc.nn import Einsum, RMSNorm, SwiGLU
+from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.scan import gla, gla_step
+from lhc.recurrent.stack import check_config, recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +62,8 @@ class GLAConfig:
     dtype: Any = jnp.float32
 
     def __post_init__(self):
-        for name in ("vocab_size", "num_layers", "embed_dim", "num_heads", "key_dim",
-                     "value_dim", "gate_rank", "mlp_dim", "chunk_size", "max_len"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"GLAConfig.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.rollback, int) or self.rollback < 0:
-            raise ValueError(f"GLAConfig.rollback must be an int >= 0, got {self.rollback!r}")
+        check_config(self, positive=("vocab_size", "num_layers", "embed_dim", "num_heads",
+                     "key_dim", "value_dim", "gate_rank", "mlp_dim", "chunk_size", "max_len"))  # fmt: skip
         if not self.gate_temperature > 0:
             raise ValueError(f"GLAConfig.gate_temperature must be > 0, got {self.gate_temperature}")
 
@@ -79,8 +75,9 @@ class GLALayer(nn.Module):
     config: GLAConfig
 
     @nn.compact
-    def __call__(self, x, real, state, tail: int):
+    def __call__(self, x, real, states, tail: int):
         c = self.config
+        state = None if states is None else states[0]
         h, dk, dv, d = c.num_heads, c.key_dim, c.value_dim, c.embed_dim
 
         def proj(shape, axes, name, **kw):
@@ -125,7 +122,7 @@ class GLALayer(nn.Module):
         x = x + proj((h, dv, d), ("heads", "kv", "embed"), "o", in_dims=2)("BTHV,HVD->BTD", o)
         y = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="mlp_norm")(x)
         x = x + SwiGLU(c.mlp_dim, dtype=c.dtype, name="mlp")(y)
-        return x, head_end, tail_states
+        return x, (head_end,), None if tail_states is None else (tail_states,)
 
 
 class GLALM(nn.Module):
@@ -151,37 +148,12 @@ class GLALM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
-        c = self.config
-        if jnp.ndim(tokens) != 2 or jnp.shape(positions) != jnp.shape(tokens):
-            raise ValueError(
-                f"tokens and positions must both be [B, T], got {jnp.shape(tokens)} and "
-                f"{jnp.shape(positions)}"
-            )
-        batch, t = tokens.shape
-        if cache is not None:
-            cache.validate_append(batch, t)
-        embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
-        x = embed.encode(tokens)
-        real = positions >= 0
-        tail = 0 if cache is None else min(cache.rollback, t)
-        history = []
-        for layer in range(c.num_layers):
-            state = None if cache is None else cache.now("gla", layer)
-            x, head_end, tail_states = GLALayer(c, name=f"layer_{layer}")(x, real, state, tail)
-            if cache is not None:
-                old = cache.states["gla"][layer]
-                history.append(layer_history(old, head_end, tail_states, cache.rollback))
-        x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
-        if last_only:
-            x = x[:, -1:]
-        if c.tie_embeddings:
-            logits = embed.decode(x)
-        else:
-            logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
-                            out_dtype=jnp.float32, name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
-        logits = logits.astype(jnp.float32)
-        if cache is None:
-            return logits, None
-        new_cache = cache.appended({"gla": jnp.stack(history)}, positions, tail)
-        logits = jnp.where(cache.intact[:, None, None], logits, jnp.nan)
-        return logits, new_cache
+        return recurrent_lm_forward(
+            self.config,
+            tokens,
+            positions,
+            cache,
+            last_only=last_only,
+            state_names=("gla",),
+            make_layer=lambda i: GLALayer(self.config, name=f"layer_{i}"),
+        )

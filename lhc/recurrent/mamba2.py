@@ -22,10 +22,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lhc.nn import Einsum, Embed, RMSNorm
-from lhc.recurrent.cache import RecurrentCache, layer_history
+from lhc.nn import Einsum, RMSNorm
+from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
+from lhc.recurrent.stack import check_config, recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +67,8 @@ class Mamba2Config:
     dtype: Any = jnp.float32
 
     def __post_init__(self):
-        for name in ("vocab_size", "num_layers", "embed_dim", "expand", "head_dim",
-                     "state_dim", "num_groups", "conv_width", "chunk_size", "max_len"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Mamba2Config.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.rollback, int) or self.rollback < 0:
-            raise ValueError(f"Mamba2Config.rollback must be an int >= 0, got {self.rollback!r}")
+        check_config(self, positive=("vocab_size", "num_layers", "embed_dim", "expand",
+                     "head_dim", "state_dim", "num_groups", "conv_width", "chunk_size", "max_len"))  # fmt: skip
         if self.inner_dim % self.head_dim:
             raise ValueError(
                 f"Mamba2Config: expand * embed_dim = {self.inner_dim} must be a multiple of "
@@ -124,8 +120,9 @@ class Mamba2Block(nn.Module):
         return x, dt, b, cc
 
     @nn.compact
-    def __call__(self, x, real, conv_state, ssm_state, tail: int):
+    def __call__(self, x, real, states, tail: int):
         c = self.config
+        conv_state, ssm_state = (None, None) if states is None else states
         h = c.num_heads
         in_proj = Einsum(
             (c.embed_dim, 2 * c.inner_dim + 2 * c.num_groups * c.state_dim + h),
@@ -213,44 +210,8 @@ class Mamba2LM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
-        c = self.config
-        if jnp.ndim(tokens) != 2 or jnp.shape(positions) != jnp.shape(tokens):
-            raise ValueError(
-                f"tokens and positions must both be [B, T], got {jnp.shape(tokens)} and "
-                f"{jnp.shape(positions)}"
-            )
-        batch, t = tokens.shape
-        if cache is not None:
-            cache.validate_append(batch, t)
-        embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
-        x = embed.encode(tokens)
-        real = positions >= 0
-        tail = 0 if cache is None else min(cache.rollback, t)
-        history = {"conv": [], "ssm": []}
-        for layer in range(c.num_layers):
-            conv_state = ssm_state = None
-            if cache is not None:
-                conv_state, ssm_state = cache.now("conv", layer), cache.now("ssm", layer)
-            block = Mamba2Block(c, name=f"layer_{layer}")
-            x, head_end, tail_states = block(x, real, conv_state, ssm_state, tail)
-            if cache is not None:
-                for i, name in enumerate(("conv", "ssm")):
-                    tail_i = None if tail_states is None else tail_states[i]
-                    old = cache.states[name][layer]
-                    history[name].append(layer_history(old, head_end[i], tail_i, cache.rollback))
-        x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
-        if last_only:
-            x = x[:, -1:]
-        if c.tie_embeddings:
-            logits = embed.decode(x)
-        else:
-            logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
-                            out_dtype=jnp.float32, name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
-        logits = logits.astype(jnp.float32)
-        if cache is None:
-            return logits, None
-        new_cache = cache.appended(
-            {name: jnp.stack(h) for name, h in history.items()}, positions, tail
-        )
-        logits = jnp.where(cache.intact[:, None, None], logits, jnp.nan)
-        return logits, new_cache
+        return recurrent_lm_forward(
+            self.config, tokens, positions, cache, last_only=last_only,
+            state_names=("conv", "ssm"),
+            make_layer=lambda i: Mamba2Block(self.config, name=f"layer_{i}"),
+        )  # fmt: skip
