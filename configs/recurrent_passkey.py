@@ -18,6 +18,7 @@ so the evaluation may run at 100x the training length.
 import ml_collections
 
 from lhc.train.config import base_config, parse_arg
+from lhc.train.optim import adamw_cosine
 
 VOCAB = 259  # 256 bytes, pad / bos / eos
 TRAIN_LENGTH = 256
@@ -67,18 +68,5 @@ def get_config(arg=None):
     config.model = ml_collections.ConfigDict(
         dict(vocab_size=VOCAB, rollback=16, max_len=1 << 20, tie_embeddings=True, **fields)
     )
-    config.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=2e-3,
-            warmup_steps=max(config.num_steps // 50, 1),
-            schedule="cosine",
-            end_lr_fraction=0.2,
-            b1=0.9,
-            b2=0.95,
-            eps=1e-8,
-            weight_decay=0.001,
-            grad_clip_norm=1.0,
-        )
-    )  # the settings of configs/gca_passkey.py
+    config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
     return config

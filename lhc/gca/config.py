@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lhc.lm.config import float_dtype_name
+from lhc.train.optim import adamw_cosine
 
 GCA_IMPLS = ("xla", "pallas")
 
@@ -244,15 +245,4 @@ def paper_optimizer(num_steps: int) -> dict:
     """The official pre-training optimizer settings for ``lhc.train`` (``config.optimizer``):
     AdamW at 2e-3, 2% warm-up, cosine decay to 4e-4, betas (0.9, 0.95), weight decay 0.001,
     gradient clipping at 1.0."""
-    return dict(
-        name="adamw",
-        learning_rate=2e-3,
-        warmup_steps=max(num_steps // 50, 1),
-        schedule="cosine",
-        end_lr_fraction=0.2,
-        b1=0.9,
-        b2=0.95,
-        eps=1e-8,
-        weight_decay=0.001,
-        grad_clip_norm=1.0,
-    )
+    return adamw_cosine(num_steps, learning_rate=2e-3)

@@ -8,6 +8,25 @@ import optax
 _SCHEDULES = ("cosine", "linear", "polynomial", "constant", "rsqrt")
 
 
+def adamw_cosine(num_steps: int, learning_rate: float = 2e-3) -> dict:
+    """``config.optimizer`` fields for AdamW at ``learning_rate`` with 2% linear warm-up
+    and cosine decay to a fifth of it, betas (0.9, 0.95), weight decay 0.001 and
+    gradient clipping at 1.0: the settings of GCA's official pre-training, which train
+    the small models of several experiments here."""
+    return dict(
+        name="adamw",
+        learning_rate=learning_rate,
+        warmup_steps=max(num_steps // 50, 1),
+        schedule="cosine",
+        end_lr_fraction=0.2,
+        b1=0.9,
+        b2=0.95,
+        eps=1e-8,
+        weight_decay=0.001,
+        grad_clip_norm=1.0,
+    )
+
+
 def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then ``opt_config.schedule`` decay.
 
