@@ -6,9 +6,12 @@ r"""A recurrent LM (Mamba-2 or GLA) trained on passkey retrieval at 256 tokens, 
 
 Sizes (the part after the colon): ``tiny``, 2 layers of width 64 (Mamba-2: heads of 16
 channels, state 16; GLA: 2 heads, keys 16, values 32, MLP 128), batch 8, 1200 steps.
-Flags: ``model=mamba2|gla``; ``init=zero|noise`` and ``noise_std=`` (training from i.i.d.
-Gaussian initial states, ``lhc.recurrent.task``; post-train a zero-init run with it by
-resuming its workdir with more steps); ``runlocal`` (a few steps, a smoke test).
+Flags: ``model=mamba2|gla``; ``init=zero|noise|fitted|passing|tbtt`` (the initial state
+of every training sequence, ``lhc.recurrent.task``: zero; Random Noise of std
+``noise_std=``; Fitted Noise from the moments that zero-state steps record; State
+Passing; TBTT over documents of ``chunks=`` training lengths), to post-train a zero-state
+run by resuming its workdir with more steps (``--config.num_steps=``); ``runlocal`` (a
+few steps, a smoke test).
 
 Byte tokens; the loss is the answer digits' plus the next-token loss of the whole
 sequence, as in ``configs/gca_passkey.py``. The state does not grow with the context,
@@ -37,14 +40,18 @@ _MODELS = {
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, size="tiny", model="mamba2", init="zero", noise_std=1.0, runlocal=False)
+    arg = parse_arg(
+        arg, size="tiny", model="mamba2", init="zero", noise_std=1.0, chunks=4, runlocal=False
+    )
     if arg.size != "tiny":
         raise ValueError(f"config arg size must be 'tiny', got {arg.size!r}")
     if arg.model not in _MODELS:
         raise ValueError(f"config arg model must be one of {sorted(_MODELS)}, got {arg.model!r}")
     factory, fields = _MODELS[arg.model]
     config = base_config("lhc.recurrent.task:RecurrentPasskeyTask")
-    config.initial_state = ml_collections.ConfigDict(dict(kind=arg.init, std=arg.noise_std))
+    config.initial_state = ml_collections.ConfigDict(
+        dict(kind=arg.init, std=arg.noise_std, fit_decay=0.99, chunks=arg.chunks)
+    )
     config.seed = 0
     config.num_steps = 10 if arg.runlocal else 1200
     config.batch_size = 8

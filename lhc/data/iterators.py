@@ -94,7 +94,7 @@ class IndexedIterator(DataIterator):
 
 
 def consecutive_chunks(
-    make_sequence: Callable[[np.random.Generator, int], np.ndarray],
+    make_sequence: Callable[[np.random.Generator, int], Batch],
     *,
     chunk_length: int,
     num_chunks: int,
@@ -102,44 +102,57 @@ def consecutive_chunks(
     """A ``make_batch`` for ``IndexedIterator`` that serves long sequences in consecutive
     chunks, for truncated backpropagation through time: global batches ``g K, ..., g K +
     K - 1`` (K = ``num_chunks``) hold chunks 0 to K - 1 of the same rows, and each row's
-    sequence ``make_sequence(rng, K L + 1)`` (L = ``chunk_length``) depends only on
+    sequence ``make_sequence(rng, K L)`` (L = ``chunk_length``) depends only on
     ``(seed, g, row)``, so the iterator stays checkpointable by its index.
 
-    Batches hold ``inputs`` and ``targets`` (int32 ``[rows, L]``, the targets one token
-    ahead), ``positions`` (the tokens' positions in the whole sequence) and ``reset``
-    (bool ``[rows]``, true on chunk 0: a model carrying its state starts afresh).
+    ``make_sequence(rng, n)`` returns a dict of per-position arrays of ``n`` entries each
+    (for example ``tokens``, ``targets`` and loss ``weights``). Batches hold each of them
+    cut to ``[rows, L]``, plus ``positions`` (int32, the positions in the whole sequence)
+    and ``reset`` (bool ``[rows]``, true on chunk 0: a model carrying its state starts
+    afresh).
     """
     for name, value in (("chunk_length", chunk_length), ("num_chunks", num_chunks)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    total = chunk_length * num_chunks + 1
-    memo: dict[tuple, np.ndarray] = {}
+    total = chunk_length * num_chunks
+    memo: dict[tuple, Batch] = {}
 
-    def sequences(seed: int, group: int, rows: range) -> np.ndarray:
+    def checked(row: int, sequence) -> Batch:
+        if not isinstance(sequence, dict) or not sequence:
+            raise ValueError(
+                f"make_sequence(rng, {total}) must return a dict of per-position arrays, "
+                f"got {type(sequence).__name__} for row {row}"
+            )
+        for name, value in sequence.items():
+            if np.shape(value) != (total,):
+                raise ValueError(
+                    f"make_sequence(rng, {total}) must return arrays of {total} entries "
+                    f"(num_chunks x chunk_length), got {name!r} of shape {np.shape(value)} "
+                    f"for row {row}"
+                )
+        return sequence
+
+    def sequences(seed: int, group: int, rows: range) -> Batch:
         key = (seed, group, rows.start, rows.stop)
         if key not in memo:
-            made = [np.asarray(make_sequence(rng, total)) for rng in row_rngs(seed, group, rows)]
-            for row, seq in zip(rows, made):
-                if seq.shape != (total,):
-                    raise ValueError(
-                        f"make_sequence(rng, {total}) must return {total} tokens "
-                        f"(num_chunks x chunk_length + 1), got shape {seq.shape} for row {row}"
-                    )
+            made = [
+                checked(row, make_sequence(rng, total))
+                for row, rng in zip(rows, row_rngs(seed, group, rows))
+            ]
             memo.clear()  # one group at a time: the chunks of a group come in a row
-            memo[key] = np.stack(made).astype(np.int32)
+            memo[key] = {name: np.stack([m[name] for m in made]) for name in made[0]}
         return memo[key]
 
     def make_batch(seed: int, index: int, rows: range) -> Batch:
         group, chunk = divmod(int(index), num_chunks)
-        seqs = sequences(seed, group, rows)
         start = chunk * chunk_length
-        window = seqs[:, start : start + chunk_length + 1]
-        positions = np.arange(start, start + chunk_length, dtype=np.int32)
-        return {
-            "inputs": window[:, :-1],
-            "targets": window[:, 1:],
-            "positions": np.broadcast_to(positions, (len(rows), chunk_length)).copy(),
-            "reset": np.full((len(rows),), chunk == 0),
+        batch = {
+            name: value[:, start : start + chunk_length].copy()
+            for name, value in sequences(seed, group, rows).items()
         }
+        positions = np.arange(start, start + chunk_length, dtype=np.int32)
+        batch["positions"] = np.broadcast_to(positions, (len(rows), chunk_length)).copy()
+        batch["reset"] = np.full((len(rows),), chunk == 0)
+        return batch
 
     return make_batch

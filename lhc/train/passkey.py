@@ -57,10 +57,13 @@ class PasskeyTask(CausalLMTask):
 
     def loss(self, params, batch, rng):
         """The answer digits' loss, plus ``lm_loss_weight`` times every token's."""
+        return self.loss_from_logits(self._logits(params, batch, rng), batch)
+
+    def loss_from_logits(self, logits, batch):
+        """``loss``'s ``(loss, metrics)`` from the model's logits of ``batch``."""
         lm_weight = float(self.config.data.get("lm_loss_weight", 0.0))
         if lm_weight < 0:
             raise ValueError(f"config.data.lm_loss_weight must be >= 0, got {lm_weight}")
-        logits = self._logits(params, batch, rng)
         loss, accuracy, _ = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
         metrics = {"accuracy": accuracy, "answer_loss": loss}
         if lm_weight:

@@ -71,6 +71,25 @@ class Task:
         """Evaluation metrics of ``params`` (called on every process)."""
         return {}
 
+    def init_carry(self, batch_size: int) -> Any:
+        """What the loss carries from each training step to the next (for example the
+        recurrent states of truncated backpropagation through time), for a global batch
+        of ``batch_size``; None (the default) for a task that carries nothing.
+
+        A pytree of arrays, boxed with logical axis names (``nn.LogicallyPartitioned``) where it
+        should be sharded. It is part of the train state: checkpointed with it and
+        restored on resume.
+        """
+        del batch_size
+        return None
+
+    def carried_loss(self, params, batch, rng: jax.Array, carry) -> tuple[jax.Array, tuple]:
+        """``loss, (metrics, new_carry)`` for a task whose ``init_carry`` is not None;
+        the trainer stops gradients through ``new_carry``. The default is ``loss`` with
+        the carry unchanged."""
+        loss, metrics = self.loss(params, batch, rng)
+        return loss, (metrics, carry)
+
 
 def register_task(name: str):
     """Class decorator: ``@register_task("my_task")`` makes ``config.task="my_task"`` work."""

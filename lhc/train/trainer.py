@@ -33,7 +33,9 @@ from lhc.train.tasks import Task, get_task
 
 log = logging.getLogger(__name__)
 
-State = dict[str, Any]  # {"step": int32[], "params": ..., "opt_state": ..., "rng": uint32[2]}
+# {"step": int32[], "params": ..., "opt_state": ..., "rng": uint32[2]}, and "carry" for a
+# task whose init_carry is not None.
+State = dict[str, Any]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -68,12 +70,16 @@ class Experiment:
         def init(rng):
             params_rng, state_rng = jax.random.split(rng)
             params = self.task.init_params(params_rng)
-            return {
+            state = {
                 "step": jnp.zeros((), jnp.int32),
                 "params": params,
                 "opt_state": self.optimizer.init(params),
                 "rng": state_rng,
             }
+            carry = self.task.init_carry(int(self.config.batch_size))
+            if carry is not None:
+                state["carry"] = carry
+            return state
 
         return init
 
@@ -108,11 +114,17 @@ class Experiment:
 
         def train_step(state, batch):
             step_rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+            carry = state.get("carry")
 
             def loss_fn(params):
-                return task.loss(params, batch, step_rng)
+                if carry is None:
+                    loss, metrics = task.loss(params, batch, step_rng)
+                    return loss, (metrics, None)
+                return task.carried_loss(params, batch, step_rng, carry)
 
-            (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+            (loss, (metrics, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                state["params"]
+            )
             updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
             params = optax.apply_updates(state["params"], updates)
             metrics = dict(metrics)
@@ -120,6 +132,8 @@ class Experiment:
             metrics["grad_norm"] = optax.tree.norm(grads)
             metrics["learning_rate"] = schedule(state["step"])
             new_state = dict(state, step=state["step"] + 1, params=params, opt_state=opt_state)
+            if carry is not None:
+                new_state["carry"] = jax.lax.stop_gradient(carry)
             return new_state, metrics
 
         return train_step

@@ -7,7 +7,8 @@ from lhc.data import IndexedIterator, consecutive_chunks
 
 
 def make_sequence(rng, length):
-    return rng.integers(0, 1000, size=length)
+    tokens = rng.integers(0, 1000, size=length + 1)
+    return {"inputs": tokens[:-1], "targets": tokens[1:], "weights": rng.random(length)}
 
 
 def iterator(start=0, process_index=0, process_count=1):
@@ -25,15 +26,13 @@ def test_chunks_of_a_group_reassemble_each_rows_sequence():
         chunks = batches[3 * group : 3 * group + 3]
         assert [bool(b["reset"].all()) for b in chunks] == [True, False, False]
         assert not any(b["reset"].any() for b in chunks[1:])
-        inputs = np.concatenate([b["inputs"] for b in chunks], axis=1)
-        targets = np.concatenate([b["targets"] for b in chunks], axis=1)
-        positions = np.concatenate([b["positions"] for b in chunks], axis=1)
+        got = {k: np.concatenate([b[k] for b in chunks], axis=1) for k in chunks[0] if k != "reset"}
         for row in range(4):
             # Row r of group g: the sequence drawn from (seed, g, r), written here directly.
-            want = make_sequence(np.random.default_rng([7, group, row]), 16)
-            np.testing.assert_array_equal(inputs[row], want[:15])
-            np.testing.assert_array_equal(targets[row], want[1:])
-            np.testing.assert_array_equal(positions[row], np.arange(15))
+            want = make_sequence(np.random.default_rng([7, group, row]), 15)
+            for key in ("inputs", "targets", "weights"):
+                np.testing.assert_array_equal(got[key][row], want[key])
+            np.testing.assert_array_equal(got["positions"][row], np.arange(15))
     assert not np.array_equal(batches[0]["inputs"], batches[3]["inputs"])  # groups differ
 
 
@@ -56,6 +55,12 @@ def test_resuming_and_process_split_give_the_same_batches():
 def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match="chunk_length must be a positive int, got 0"):
         consecutive_chunks(make_sequence, chunk_length=0, num_chunks=2)
-    short = consecutive_chunks(lambda rng, n: np.zeros(n - 1), chunk_length=4, num_chunks=2)
-    with pytest.raises(ValueError, match=r"make_sequence\(rng, 9\) must return 9 tokens"):
+    short = consecutive_chunks(
+        lambda rng, n: {"tokens": np.zeros(n), "weights": np.zeros(n - 1)},
+        chunk_length=4, num_chunks=2,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"arrays of 8 entries .* 'weights' of shape \(7,\)"):
         short(0, 0, range(2))
+    bare = consecutive_chunks(lambda rng, n: np.zeros(n), chunk_length=4, num_chunks=2)
+    with pytest.raises(ValueError, match="must return a dict of per-position arrays, got ndarray"):
+        bare(0, 0, range(2))

@@ -111,3 +111,19 @@ def not_a_module(model_config) -> dict:
 def module_class(model_config) -> type[nn.Module]:
     """Model factory that wrongly returns a module class instead of an instance."""
     return RunningMeanLM
+
+
+class CarryingTask(causal_lm.CausalLMTask):
+    """Carries from step to step, per row, the sum of the tokens trained on so far (a
+    batch-sharded carry) and the number of steps, and reports both as metrics."""
+
+    def init_carry(self, batch_size):
+        sums = nn.LogicallyPartitioned(jnp.zeros((batch_size,), jnp.float32), ("cache_batch",))
+        return {"token_sums": sums, "steps": jnp.zeros((), jnp.int32)}
+
+    def carried_loss(self, params, batch, rng, carry):
+        loss, metrics = self.loss(params, batch, rng)
+        sums = carry["token_sums"] + batch["tokens"].sum(axis=1)
+        steps = carry["steps"] + 1
+        metrics = dict(metrics, carried_total=sums.sum(), carried_steps=steps)
+        return loss, (metrics, {"token_sums": sums, "steps": steps})

@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import jax
+import numpy as np
 import pytest
 
 from lhc import lm, train
@@ -191,3 +192,22 @@ def test_causal_lm_task_trains_a_model_from_another_factory(tmp_path):
     vocab, width = config.model.vocab_size, config.model.embed_dim
     assert params["token_embed"].shape == (vocab, width)
     assert params["readout"].shape == (width, vocab)
+
+
+# Carry between steps -------------------------------------------------------------------
+
+
+def test_the_carry_goes_from_step_to_step_and_survives_a_resume(tmp_path):
+    config = _config(f"task={FIXTURES}:CarryingTask", "num_steps=2")
+    task = _task(config)
+    batches = task.train_iterator(0, 1)
+    totals = np.cumsum([next(batches)["tokens"].sum() for _ in range(4)])
+
+    summary = train.train_and_evaluate(config, str(tmp_path))
+    assert summary["train/carried_steps"] == 2
+    assert summary["train/carried_total"] == totals[1]
+    # Resumed to step 4: the carry comes back from the checkpoint, not from init_carry.
+    summary = train.train_and_evaluate(_config(f"task={FIXTURES}:CarryingTask", "num_steps=4"),
+                                       str(tmp_path))  # fmt: skip
+    assert summary["train/carried_steps"] == 4
+    assert summary["train/carried_total"] == totals[3]
