@@ -7,8 +7,9 @@ This package has, so far:
   cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
   independent of the context, exact rollback of the latest call's last tokens for
   speculative decoding), with model factories for ``lhc.train``
-  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``) and training from
-  i.i.d. Gaussian initial states (``lhc.recurrent.task``);
+  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``) and the paper's
+  interventions as switches of the training task (``lhc.recurrent.task``): Random Noise,
+  Fitted Noise, State Passing and truncated backpropagation through time;
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
   ``ssd_step``) and gated linear attention (``gla``, ``gla_step``); Mamba-2's short
@@ -16,7 +17,8 @@ This package has, so far:
 * for any causal LM of the protocol, Effective Remembrance (``effective_remembrance``)
   and the loss by position read through its cache (``loss_by_position``,
   ``bucket_means``, ``plot_curves``);
-* ``lhc bench recurrent``: the chunked forms' training pass against a sequential scan.
+* ``lhc bench recurrent``: the chunked forms' training pass against a sequential scan,
+  and the decode step's time and memory by position.
 """
 
 from lhc.recurrent.cache import RecurrentCache
