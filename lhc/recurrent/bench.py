@@ -156,10 +156,14 @@ def _decode(model, params, token, cache, steps):
 
 
 def measure_decode(positions, steps: int = 32, repeats: int = 3, size: str = "small"):
+    """Decode rows; the positions of a model are timed in turns (``repeats`` rounds over
+    all of them, the fastest of each counts), so a drift of the machine's speed during
+    the run does not fall on one position."""
     rows = []
     for name, model in decode_models(size).items():
         one = jnp.zeros((1, 1), jnp.int32)
         params = nn.meta.unbox(model.init(jax.random.key(0), one, one)["params"])
+        runs = []
         for position in positions:
             cache = model.init_cache(1)
             r = np.random.default_rng(position)
@@ -171,8 +175,19 @@ def measure_decode(positions, steps: int = 32, repeats: int = 3, size: str = "sm
             )  # fmt: skip
             run = functools.partial(_decode, model, params, one, cache, steps)
             jax.block_until_ready(run())  # compiles
-            seconds = best_time(lambda run=run: jax.block_until_ready(run()), repeats)
-            row = {"model": name, "position": position, "ms_per_token": 1e3 * seconds / steps}
+            runs.append((position, cache, run))
+        best = {position: float("inf") for position in positions}
+        for _ in range(repeats):
+            for position, _, run in runs:
+                start = time.perf_counter()
+                jax.block_until_ready(run())
+                best[position] = min(best[position], time.perf_counter() - start)
+        for position, cache, _ in runs:
+            row = {
+                "model": name,
+                "position": position,
+                "ms_per_token": 1e3 * best[position] / steps,
+            }
             row["cache_bytes"] = sum(x.nbytes for x in jax.tree.leaves(cache))
             rows.append(row)
     return rows
