@@ -18,6 +18,7 @@ The loss counts only the answers, so chance level is log(num_values) nats.
 import ml_collections
 
 from lhc.train.config import base_config, parse_arg
+from lhc.train.optim import adamw_cosine
 
 _SIZES = {
     # layers, width, heads, kv heads, mlp, pairs, queries, keys, values, batch, steps, lr
@@ -74,17 +75,7 @@ def get_config(arg=None):
         )
     )
     config.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=lr,
-            warmup_steps=max(config.num_steps // 20, 1),
-            schedule="cosine",
-            end_lr_fraction=0.1,
-            b1=0.9,
-            b2=0.98,
-            eps=1e-8,
-            weight_decay=0.0,
-            grad_clip_norm=1.0,
-        )
-    )
+        adamw_cosine(config.num_steps, lr, warmup_steps=max(config.num_steps // 20, 1),
+                     end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)
+    )  # fmt: skip
     return config

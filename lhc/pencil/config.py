@@ -14,6 +14,7 @@ import ml_collections
 
 from lhc.pencil.problems import make_problem, tokenizer_for
 from lhc.train.config import base_config, parse_arg
+from lhc.train.optim import adamw_cosine
 
 TASK = "lhc.pencil.task:PencilTask"
 
@@ -77,19 +78,9 @@ def pencil_config(
         )
     )
     config.optimizer = ml_collections.ConfigDict(
-        dict(
-            name="adamw",
-            learning_rate=learning_rate,
-            warmup_steps=warmup_steps,
-            schedule="cosine",
-            end_lr_fraction=0.1,
-            b1=0.9,
-            b2=0.99,
-            eps=1e-8,
-            weight_decay=0.1,
-            grad_clip_norm=1.0,
-        )
-    )
+        adamw_cosine(config.num_steps, learning_rate, warmup_steps=warmup_steps,
+                     end_lr_fraction=0.1, b2=0.99, weight_decay=0.1)
+    )  # fmt: skip
     config.pencil_eval = ml_collections.ConfigDict(
         dict(
             num_instances=eval_instances,

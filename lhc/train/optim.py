@@ -8,21 +8,30 @@ import optax
 _SCHEDULES = ("cosine", "linear", "polynomial", "constant", "rsqrt")
 
 
-def adamw_cosine(num_steps: int, learning_rate: float = 2e-3) -> dict:
-    """``config.optimizer`` fields for AdamW at ``learning_rate`` with 2% linear warm-up
-    and cosine decay to a fifth of it, betas (0.9, 0.95), weight decay 0.001 and
-    gradient clipping at 1.0: the settings of GCA's official pre-training, which train
-    the small models of several experiments here."""
+def adamw_cosine(
+    num_steps: int,
+    learning_rate: float = 2e-3,
+    *,
+    warmup_steps: int | None = None,
+    end_lr_fraction: float = 0.2,
+    b2: float = 0.95,
+    weight_decay: float = 0.001,
+) -> dict:
+    """``config.optimizer`` fields for AdamW at ``learning_rate`` with linear warm-up
+    (``warmup_steps``, default 2% of ``num_steps``) and cosine decay to
+    ``end_lr_fraction`` of it, betas (0.9, ``b2``), eps 1e-8, ``weight_decay`` and
+    gradient clipping at 1.0. The defaults are the settings of GCA's official
+    pre-training, which train the small models of several experiments here."""
     return dict(
         name="adamw",
         learning_rate=learning_rate,
-        warmup_steps=max(num_steps // 50, 1),
+        warmup_steps=max(num_steps // 50, 1) if warmup_steps is None else warmup_steps,
         schedule="cosine",
-        end_lr_fraction=0.2,
+        end_lr_fraction=end_lr_fraction,
         b1=0.9,
-        b2=0.95,
+        b2=b2,
         eps=1e-8,
-        weight_decay=0.001,
+        weight_decay=weight_decay,
         grad_clip_norm=1.0,
     )
 
