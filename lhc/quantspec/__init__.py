@@ -1,0 +1,42 @@
+"""QuantSpec (Tiwari et al., ICML 2025): self-speculative decoding with a hierarchical
+4-bit / 8-bit KV cache and 4-bit draft weights.
+
+This package has, so far:
+
+* the hierarchical quantization (``quantize``, ``dequantize``: one store whose upper
+  nibbles are the draft's 4-bit codes and whose two nibbles are the target's 8-bit
+  codes; ``pack_nibbles``, ``unpack_nibbles``);
+* the draft's group-wise INT4 weights (``quantize_weight``, ``int4_matmul``,
+  ``quantize_params`` for the MLP or every linear layer of an ``lhc.lm.Transformer``);
+* the memory-traffic model (``step_bytes``, ``predicted_speedup``, ``NAMED`` sizes).
+"""
+
+from lhc.quantspec.quantize import Quantized, dequantize, pack_nibbles, quantize, unpack_nibbles
+from lhc.quantspec.traffic import NAMED, ModelSize, predicted_speedup, size_of_config, step_bytes
+from lhc.quantspec.weights import (
+    Int4Weight,
+    dequantize_params,
+    dequantize_weight,
+    int4_matmul,
+    quantize_params,
+    quantize_weight,
+)
+
+__all__ = [
+    "NAMED",
+    "Int4Weight",
+    "ModelSize",
+    "Quantized",
+    "dequantize",
+    "dequantize_params",
+    "dequantize_weight",
+    "int4_matmul",
+    "pack_nibbles",
+    "predicted_speedup",
+    "quantize",
+    "quantize_params",
+    "quantize_weight",
+    "size_of_config",
+    "step_bytes",
+    "unpack_nibbles",
+]
