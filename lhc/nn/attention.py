@@ -118,7 +118,9 @@ def attention_segments(
 
     Args:
         query: ``[B, T, N, H]``.
-        segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions [B, S_i])``.
+        segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions [B, S_i])``,
+            or with a fourth element, a bool ``[B, T, S_i]`` mask that further restricts
+            which of the segment's keys each query sees.
         query_positions: int ``[B, T]``.
         scale: multiplies the scores.
         window: ``None`` or the sliding-window length.
@@ -139,7 +141,7 @@ def attention_segments(
     )
     rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
     logits, masks = [], []
-    for keys, _, key_positions in segments:
+    for keys, _, key_positions, *extra in segments:
         keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
         scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
@@ -149,7 +151,10 @@ def attention_segments(
             scores = scores - slopes[None, :, :, None, None] * distance[:, None, None].astype(
                 jnp.float32
             )
-        mask = attention_mask(query_positions, key_positions, window)[:, None, None]  # [B,1,1,T,S]
+        mask = attention_mask(query_positions, key_positions, window)
+        if extra:
+            mask &= extra[0]
+        mask = mask[:, None, None]  # [B, 1, 1, T, S]
         # A finite fill keeps fully masked rows (padding queries) free of NaN.
         logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
         masks.append(mask)
@@ -162,7 +167,7 @@ def attention_segments(
     # Rows that see no key (padding queries) output zero.
     inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
     out = None
-    for w, (_, values, _) in zip(weights, segments):
+    for w, (_, values, *_) in zip(weights, segments):
         w = (w * inverse).reshape(batch, num_kv_heads, group * length, -1)
         part = weighted_values(w, values)
         out = part if out is None else out + part

@@ -8,9 +8,15 @@ This package has, so far:
   codes; ``pack_nibbles``, ``unpack_nibbles``);
 * the draft's group-wise INT4 weights (``quantize_weight``, ``int4_matmul``,
   ``quantize_params`` for the MLP or every linear layer of an ``lhc.lm.Transformer``);
+* the KV cache (``QuantSpecCache``, ``init_cache``): a quantized store plus a
+  full-precision ring of the recent tokens, flushed during decoding, read at 8 bits by
+  the target and at 4 bits by the draft (``cache.draft()``), with a cut between the two
+  that depends only on the query's slot, so that a multi-token verification reads as
+  token-by-token decoding; ``kv_bytes_per_token``;
 * the memory-traffic model (``step_bytes``, ``predicted_speedup``, ``NAMED`` sizes).
 """
 
+from lhc.quantspec.cache import QuantSpecCache, init_cache, kv_bytes_per_token
 from lhc.quantspec.quantize import Quantized, dequantize, pack_nibbles, quantize, unpack_nibbles
 from lhc.quantspec.traffic import NAMED, ModelSize, predicted_speedup, size_of_config, step_bytes
 from lhc.quantspec.weights import (
@@ -26,11 +32,14 @@ __all__ = [
     "NAMED",
     "Int4Weight",
     "ModelSize",
+    "QuantSpecCache",
     "Quantized",
     "dequantize",
     "dequantize_params",
     "dequantize_weight",
+    "init_cache",
     "int4_matmul",
+    "kv_bytes_per_token",
     "pack_nibbles",
     "predicted_speedup",
     "quantize",

@@ -1,0 +1,394 @@
+"""QuantSpec's KV cache: a hierarchically quantized store plus a full-precision buffer
+of the recent tokens, read at 8 bits by the target and at 4 bits by the draft.
+
+Which tokens a query reads quantized depends only on the query's slot ``s`` (its index
+in the sequence, padding included), never on how the tokens were grouped into calls:
+the tokens before ``Q(s) = G * max(0, s // G - 1)`` come from the quantized store, the
+rest (between G and 2G - 1 tokens: the group ``s`` falls in and the one before it, the
+paper's two buffer halves) at full precision. So decoding one token per call and
+verifying gamma + 1 tokens in one call give the same logits, and speculative decoding
+on this cache reproduces plain decoding on it token for token.
+
+Storage, per layer: keys quantized per channel over groups of ``G`` slots, values per
+slot over groups of ``G`` channels (``lhc.quantspec.quantize``: upper and lower nibble
+planes, float16 scales and minima); a ring of ``2G + max_call - 1`` full-precision
+slots. At the start of a call the groups that its queries will read quantized are
+quantized from the ring (the older buffer half flushes, during decoding too); the
+call's own keys are then written to the ring. A call's queries read the call's own keys
+at full precision, so a call of more than ``G`` tokens (a long prefill chunk) sees a
+few tokens unquantized that a token-by-token run would see quantized.
+
+Truncation moves the length back; quantized groups at or past the new length are
+dropped and re-quantized later from the ring. Going back by more than ``max_call``
+tokens can lose keys the ring no longer holds: the sequence is then marked broken
+(``can_append`` false, NaN logits), as for the other caches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import PartitionSpec
+
+from lhc.lm.cache import is_concrete, positions_to_lengths
+from lhc.nn.attention import after as after_
+from lhc.nn.attention import attention_segments, write_slots
+from lhc.quantspec.quantize import Quantized, dequantize, quantize
+
+_CODES = ("k_upper", "k_lower", "v_upper", "v_lower")
+
+
+def cutoff(slots: jax.Array, group_size: int) -> jax.Array:
+    """``Q(s)``: a query at slot ``s`` reads the tokens before it from the quantized store."""
+    return group_size * jnp.maximum(slots // group_size - 1, 0)
+
+
+@struct.dataclass
+class _QuantWriter:
+    """``QuantSpecCache``'s writer for one call."""
+
+    ring_writes: jax.Array  # int32 [B, T], the ring slots of this call's tokens
+    store_positions: jax.Array  # int32 [B, S], slot positions before the call
+    ring_slots: jax.Array  # int32 [B, C], the slot each ring entry holds (-1: none)
+    ring_positions: jax.Array  # int32 [B, C]
+    read_cut: jax.Array  # int32 [B, T], slots below it are read quantized
+    start: jax.Array  # int32 [B], the call's first slot
+    new_positions: jax.Array  # int32 [B, T]
+    key_positions: jax.Array  # int32 [B, S], slot positions after the call
+    quantized: jax.Array  # int32 [B], slots quantized after the flush
+    group_size: int = struct.field(pytree_node=False)
+    bits: int = struct.field(pytree_node=False)
+
+    def read(self, layers, layer, keys, values):
+        return _QuantView(self, layers, layer, keys, values)
+
+    def write(self, layers, layer, keys, values, *, after):
+        layers = dict(layers)
+        rows = jnp.arange(keys.shape[0])[:, None]
+        for name, new in (("ring_k", keys), ("ring_v", values)):
+            store = layers[name]
+            update = after_(new, after).astype(store.dtype)
+            layers[name] = store.at[layer, rows, :, self.ring_writes].set(update)
+        return layers
+
+
+@struct.dataclass
+class _QuantView:
+    """What one layer attends to: the quantized store below each query's cut, the ring
+    from the cut on, and the call's own keys."""
+
+    writer: _QuantWriter
+    layers: Any
+    layer: Any
+    new_keys: jax.Array
+    new_values: jax.Array
+
+    def _store(self, prefix: str) -> jax.Array:
+        w, g = self.writer, self.writer.group_size
+        part = lambda name: self.layers[f"{prefix}_{name}"][self.layer]  # noqa: E731
+        q = Quantized(
+            upper=part("upper"), lower=part("lower"), scale=part("scale"),
+            minimum=part("min"), group_axis=2 if prefix == "k" else 3, group_size=g,
+        )  # fmt: skip
+        return jnp.swapaxes(dequantize(q, bits=w.bits), 1, 2)  # [B, S, K, H]
+
+    def attend(self, query, query_positions, *, impl, window, dtype, alibi_slopes=None):
+        del impl  # plain XLA here
+        w = self.writer
+        slots = jnp.arange(w.store_positions.shape[1], dtype=jnp.int32)
+        store_mask = slots[None, None, :] < w.read_cut[:, :, None]
+        ring = w.ring_slots[:, None, :]
+        ring_mask = (ring >= w.read_cut[:, :, None]) & (ring >= 0) & (ring < w.start[:, None, None])
+        swap = lambda x: jnp.swapaxes(x[self.layer], 1, 2).astype(dtype)  # noqa: E731
+        segments = [
+            (self._store("k").astype(dtype), self._store("v").astype(dtype),
+             w.store_positions, store_mask),
+            (swap(self.layers["ring_k"]), swap(self.layers["ring_v"]), w.ring_positions,
+             ring_mask),
+            (self.new_keys.astype(dtype), self.new_values.astype(dtype), w.new_positions),
+        ]  # fmt: skip
+        return attention_segments(
+            query.astype(dtype), segments, query_positions, scale=query.shape[-1] ** -0.5,
+            window=window, alibi_slopes=alibi_slopes,
+        )  # fmt: skip
+
+
+def _ring_slots(lengths: jax.Array, ring: int) -> jax.Array:
+    """int32 ``[B, C]``: the slot held by each ring entry (-1: none yet)."""
+    entry = jnp.arange(ring, dtype=jnp.int32)[None, :]
+    last = lengths[:, None] - 1
+    slot = last - jnp.mod(last - entry, ring)
+    return jnp.where(slot >= 0, slot, -1)
+
+
+@struct.dataclass
+class QuantSpecCache:
+    """The cache protocol over a quantized store and a full-precision ring.
+
+    Attributes:
+        store: name -> ``[L, B, ...]``: ``k_upper``, ``k_lower``, ``v_upper``,
+            ``v_lower`` (uint8 ``[L, B, K, S, H / 2]``), ``k_scale``, ``k_min``
+            (``[L, B, K, S / G, H]``), ``v_scale``, ``v_min`` (``[L, B, K, S, H / G]``),
+            ``ring_k``, ``ring_v`` (``[L, B, K, C, H]``, the compute dtype).
+        positions: int32 ``[B, S]``, the position of the token in each slot (-1: none).
+        lengths: int32 ``[B]``, slots appended.
+        quantized: int32 ``[B]``, slots held in the quantized store (a multiple of G).
+        intact: bool ``[B]``, false after a truncation lost keys.
+        group_size: G.
+        max_call: the most tokens one call may append.
+        bits: 8 (the target's view) or 4 (the draft's); ``draft()`` and ``target()``
+            switch it, the store is shared.
+    """
+
+    store: dict
+    positions: jax.Array
+    lengths: jax.Array
+    quantized: jax.Array
+    intact: jax.Array
+    group_size: int = struct.field(pytree_node=False)
+    max_call: int = struct.field(pytree_node=False)
+    bits: int = struct.field(pytree_node=False, default=8)
+
+    @property
+    def capacity(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def ring_size(self) -> int:
+        return self.store["ring_k"].shape[3]
+
+    @property
+    def num_layers(self) -> int:
+        return self.store["ring_k"].shape[0]
+
+    def draft(self) -> QuantSpecCache:
+        return self.replace(bits=4)
+
+    def target(self) -> QuantSpecCache:
+        return self.replace(bits=8)
+
+    # The cache protocol.
+
+    def truncate(self, new_lengths) -> QuantSpecCache:
+        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
+        if is_concrete(new_lengths, self.lengths):
+            new_np, old_np = np.asarray(new_lengths), np.asarray(self.lengths)
+            if (new_np < 0).any() or (new_np > old_np).any():
+                raise ValueError(
+                    f"truncate: new_lengths must lie in [0, lengths]; got new_lengths="
+                    f"{new_np.tolist()} for lengths={old_np.tolist()}"
+                )
+        new_lengths = jnp.clip(new_lengths, 0, self.lengths)
+        g = self.group_size
+        quantized = jnp.minimum(self.quantized, g * (new_lengths // g))
+        oldest_held = self.lengths - self.ring_size
+        held = (oldest_held <= quantized) & (oldest_held <= cutoff(new_lengths, g))
+        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
+        return self.replace(
+            positions=jnp.where(slots < new_lengths[:, None], self.positions, -1),
+            lengths=new_lengths,
+            quantized=quantized,
+            intact=self.intact & held,
+        )
+
+    def truncate_at_position(self, positions) -> QuantSpecCache:
+        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
+        order = jnp.where(slots < self.lengths[:, None], slots, -1)
+        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
+
+    def next_positions(self) -> jax.Array:
+        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
+
+    def can_append(self, num_tokens: int) -> jax.Array:
+        return self.intact & (self.lengths + num_tokens <= self.capacity)
+
+    def validate_append(self, batch_size: int, num_tokens: int) -> None:
+        if self.lengths.shape != (batch_size,):
+            raise ValueError(
+                f"cache: the cache holds {self.lengths.shape[0]} sequences, the call has "
+                f"{batch_size}"
+            )
+        if num_tokens > self.max_call:
+            raise ValueError(
+                f"a QuantSpecCache takes at most max_call={self.max_call} tokens per call, "
+                f"got {num_tokens}: prefill in chunks of at most {self.max_call}"
+            )
+        if is_concrete(self.lengths, self.intact):
+            lengths = np.asarray(self.lengths)
+            if (lengths + num_tokens > self.capacity).any():
+                raise ValueError(
+                    f"appending {num_tokens} tokens to cache lengths {lengths.tolist()} exceeds "
+                    f"the cache capacity {self.capacity}"
+                )
+            if not np.asarray(self.intact).all():
+                raise ValueError(
+                    f"the QuantSpecCache was truncated back by more than max_call="
+                    f"{self.max_call} tokens for sequences "
+                    f"{np.flatnonzero(~np.asarray(self.intact)).tolist()}: keys are lost"
+                )
+
+    def logical_axes(self) -> QuantSpecCache:
+        spec = PartitionSpec(None, "cache_batch", "cache_kv_heads", None, None)
+        return self.replace(
+            store={name: spec for name in self.store},
+            positions=PartitionSpec("cache_batch", "cache_len"),
+            lengths=PartitionSpec("cache_batch"),
+            quantized=PartitionSpec("cache_batch"),
+            intact=PartitionSpec("cache_batch"),
+        )
+
+    # The per-layer interface.
+
+    def _flush(self, limit: jax.Array) -> tuple[dict, jax.Array]:
+        """Quantizes, group by group, the slots from ``quantized`` up to ``limit``."""
+        g, ring = self.group_size, self.ring_size
+        store, quantized = dict(self.store), self.quantized
+        rows = jnp.arange(quantized.shape[0])[:, None]
+        for _ in range(self.max_call // g + 2):
+            due = quantized < limit  # [B]
+            slots = quantized[:, None] + jnp.arange(g, dtype=jnp.int32)[None, :]  # [B, G]
+            entries = jnp.mod(slots, ring)
+            # [L, B, K, G, H] from the ring, in f32
+            keys = store["ring_k"][:, rows, :, entries].astype(jnp.float32)
+            values = store["ring_v"][:, rows, :, entries].astype(jnp.float32)
+            # The gather puts the [B, G] index dims first: [B, G, L, K, H] -> [L, B, K, G, H]
+            keys, values = (jnp.transpose(x, (2, 0, 3, 1, 4)) for x in (keys, values))
+            qk = quantize(keys, group_axis=3, group_size=g)
+            qv = quantize(values, group_axis=4, group_size=g)
+            out = jnp.where(due[:, None], slots, self.capacity)  # dropped where not due
+            group = jnp.where(due, quantized // g, self.capacity // g)[:, None]
+            write = lambda name, x, at: (
+                store[name]
+                .at[:, rows, :, at]
+                .set(  # noqa: E731
+                    jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype), mode="drop"
+                )
+            )
+            store["k_upper"], store["k_lower"] = (
+                write("k_upper", qk.upper, out),
+                write("k_lower", qk.lower, out),
+            )
+            store["v_upper"], store["v_lower"] = (
+                write("v_upper", qv.upper, out),
+                write("v_lower", qv.lower, out),
+            )
+            store["k_scale"], store["k_min"] = (
+                write("k_scale", qk.scale, group),
+                write("k_min", qk.minimum, group),
+            )
+            store["v_scale"], store["v_min"] = (
+                write("v_scale", qv.scale, out),
+                write("v_min", qv.minimum, out),
+            )
+            quantized = quantized + g * due
+        return store, quantized
+
+    def begin_update(self, positions: jax.Array) -> tuple[_QuantWriter, dict]:
+        g, length = self.group_size, positions.shape[1]
+        start = self.lengths
+        query_slots = start[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+        # Groups whose every slot is stored and that a query of this call reads quantized.
+        limit = jnp.minimum(cutoff(start + length - 1, g), g * (start // g))
+        store, quantized = self._flush(limit)
+        ring_slots = _ring_slots(start, self.ring_size)
+        ring_positions = jnp.where(
+            ring_slots >= 0,
+            jnp.take_along_axis(self.positions, jnp.maximum(ring_slots, 0), axis=1),
+            -1,
+        )
+        writer = _QuantWriter(
+            ring_writes=jnp.mod(query_slots, self.ring_size),
+            store_positions=self.positions,
+            ring_slots=ring_slots,
+            ring_positions=ring_positions,
+            read_cut=jnp.minimum(cutoff(query_slots, g), quantized[:, None]),
+            start=start,
+            new_positions=positions,
+            key_positions=write_slots(self.positions, positions, start),
+            quantized=quantized,
+            group_size=g,
+            bits=self.bits,
+        )
+        return writer, store
+
+    def finish_update(self, writer: _QuantWriter, layers) -> QuantSpecCache:
+        return self.replace(
+            store=layers,
+            positions=writer.key_positions,
+            lengths=self.lengths + writer.new_positions.shape[1],
+            quantized=writer.quantized,
+        )
+
+
+def init_cache(
+    config, batch_size: int, max_len: int, *, group_size: int = 128, max_call: int | None = None
+) -> QuantSpecCache:
+    """An empty ``QuantSpecCache`` for an ``lhc.lm`` model of ``config``.
+
+    Args:
+        config: the model's ``LMConfig`` (``num_layers``, ``num_kv_heads``,
+            ``head_dim``, ``dtype``).
+        batch_size: B.
+        max_len: slots per sequence (rounded up to a multiple of ``group_size``).
+        group_size: G, the token group of the keys and the channel group of the values;
+            must divide ``head_dim``.
+        max_call: the most tokens a call may append (prefill chunks, gamma + 1 for
+            verification); default G. The ring holds ``2G + max_call - 1`` slots.
+
+    Raises:
+        ValueError: a group size that does not divide the head, or bad sizes.
+    """
+    g = group_size
+    if not isinstance(g, int) or g < 2 or config.head_dim % g:
+        raise ValueError(
+            f"group_size must be an int >= 2 dividing head_dim={config.head_dim} (values are "
+            f"quantized in groups of G channels), got {group_size!r}"
+        )
+    max_call = g if max_call is None else max_call
+    if not isinstance(max_call, int) or max_call < 1:
+        raise ValueError(f"max_call must be a positive int, got {max_call!r}")
+    if batch_size < 1 or max_len < 1:
+        raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
+    slots = g * math.ceil(max_len / g)
+    layers, kv, h = config.num_layers, config.num_kv_heads, config.head_dim
+    ring = 2 * g + max_call - 1
+    lead = (layers, batch_size, kv)
+    codes = jnp.zeros((*lead, slots, h // 2), jnp.uint8)
+    dtype = jnp.dtype(config.dtype)
+    store = {name: codes for name in _CODES}
+    store.update(
+        k_scale=jnp.zeros((*lead, slots // g, h), jnp.float16),
+        k_min=jnp.zeros((*lead, slots // g, h), jnp.float16),
+        v_scale=jnp.zeros((*lead, slots, h // g), jnp.float16),
+        v_min=jnp.zeros((*lead, slots, h // g), jnp.float16),
+        ring_k=jnp.zeros((*lead, ring, h), dtype),
+        ring_v=jnp.zeros((*lead, ring, h), dtype),
+    )
+    return QuantSpecCache(
+        store=store,
+        positions=jnp.full((batch_size, slots), -1, jnp.int32),
+        lengths=jnp.zeros((batch_size,), jnp.int32),
+        quantized=jnp.zeros((batch_size,), jnp.int32),
+        intact=jnp.ones((batch_size,), bool),
+        group_size=g,
+        max_call=max_call,
+    )
+
+
+def kv_bytes_per_token(cache: QuantSpecCache) -> dict[str, float]:
+    """Bytes per token of the quantized store that each view reads (codes, scales and
+    minima; the bounded ring not counted), and of a bfloat16 cache of the same shape."""
+    slots = cache.capacity
+    per = lambda names: sum(cache.store[n].nbytes for n in names) / slots  # noqa: E731
+    scales = ("k_scale", "k_min", "v_scale", "v_min")
+    layers, batch, kv, _, h = cache.store["ring_k"].shape
+    return {
+        "bits8": per(_CODES + scales) / batch,
+        "bits4": per(("k_upper", "v_upper") + scales) / batch,
+        "bf16": 2 * layers * kv * h * 2,
+    }
