@@ -40,7 +40,13 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from lhc.gca.config import GCAConfig
-from lhc.lm.cache import is_concrete, positions_to_lengths, put_slots, read_before_write
+from lhc.lm.cache import (
+    checked_lengths,
+    is_concrete,
+    positions_to_lengths,
+    put_slots,
+    read_before_write,
+)
 from lhc.nn.attention import after as after_
 from lhc.parallel.offload import to_host
 
@@ -189,15 +195,7 @@ class GCACache:
         Raises:
             ValueError: with concrete values, new lengths outside ``[0, lengths]``.
         """
-        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
-        if is_concrete(new_lengths, self.lengths):
-            new_np, old_np = np.asarray(new_lengths), np.asarray(self.lengths)
-            if (new_np < 0).any() or (new_np > old_np).any():
-                raise ValueError(
-                    f"truncate: new_lengths must lie in [0, lengths]; got new_lengths="
-                    f"{new_np.tolist()} for lengths={old_np.tolist()}"
-                )
-        new_lengths = jnp.clip(new_lengths, 0, self.lengths)
+        new_lengths = checked_lengths(new_lengths, self.lengths)
         order = self._recent_order()
         dropped = (order >= new_lengths[:, None]) & (self.recent_positions >= 0)
         # Positions are contiguous: the first dropped real token's position is the new end.

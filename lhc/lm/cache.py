@@ -100,7 +100,7 @@ class Cache(Protocol):
     def logical_axes(self) -> Any: ...
 
 
-def _new_lengths(new_lengths, lengths: jax.Array) -> jax.Array:
+def checked_lengths(new_lengths, lengths: jax.Array) -> jax.Array:
     """``new_lengths`` broadcast to ``[B]``, checked when concrete, clipped under jit."""
     new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), lengths.shape)
     if is_concrete(new_lengths, lengths):
@@ -113,11 +113,25 @@ def _new_lengths(new_lengths, lengths: jax.Array) -> jax.Array:
     return jnp.clip(new_lengths, 0, lengths)
 
 
-def _check_batch(name: str, lengths: jax.Array, batch_size: int) -> None:
+def check_batch(name: str, lengths: jax.Array, batch_size: int) -> None:
     if lengths.shape != (batch_size,):
         raise ValueError(
             f"{name}: the cache holds {lengths.shape[0]} sequences, the call has {batch_size}"
         )
+
+
+def check_room(lengths: jax.Array, num_tokens: int, capacity: int) -> None:
+    """Raises ValueError when appending ``num_tokens`` would pass ``capacity`` (the
+    lengths checked only when concrete)."""
+    if num_tokens > capacity:
+        raise ValueError(f"appending {num_tokens} tokens exceeds the cache capacity {capacity}")
+    if is_concrete(lengths):
+        lengths = np.asarray(lengths)
+        if (lengths + num_tokens > capacity).any():
+            raise ValueError(
+                f"appending {num_tokens} tokens to cache lengths {lengths.tolist()} exceeds "
+                f"the cache capacity {capacity}"
+            )
 
 
 def positions_to_lengths(positions, slot_positions, slot_order, lengths) -> jax.Array:
@@ -218,8 +232,24 @@ def _append_slots(start: jax.Array, num_tokens: int) -> jax.Array:
     return start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
 
 
+class InOrderSlots:
+    """For a cache whose slot ``i`` holds a sequence's ``i``-th appended token
+    (``positions [B, S]``, ``lengths [B]``, ``capacity`` and ``truncate``): truncation at
+    a position and the next positions."""
+
+    def truncate_at_position(self, positions: jax.Array | int):
+        """Forgets every token at a position ``>= positions[b]`` (see the module docstring)."""
+        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
+        order = jnp.where(slots < self.lengths[:, None], slots, -1)
+        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
+
+    def next_positions(self) -> jax.Array:
+        """int32 ``[B]``: one past the largest position stored per sequence (0 if empty)."""
+        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
+
+
 @struct.dataclass
-class KVCache:
+class KVCache(InOrderSlots):
     """Keys and values of every appended token, per layer.
 
     Layout (L layers, B sequences, S slots, K key/value heads, H head dim):
@@ -279,37 +309,17 @@ class KVCache:
                 the current one. Under ``jit`` the new lengths are clipped to
                 ``[0, lengths]`` instead.
         """
-        new_lengths = _new_lengths(new_lengths, self.lengths)
+        new_lengths = checked_lengths(new_lengths, self.lengths)
         slots = jnp.arange(self.capacity, dtype=jnp.int32)
         positions = jnp.where(slots[None, :] < new_lengths[:, None], self.positions, -1)
         return self.replace(positions=positions, lengths=new_lengths)
-
-    def truncate_at_position(self, positions: jax.Array | int) -> KVCache:
-        """Forgets every token at a position ``>= positions[b]`` (see the module docstring)."""
-        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
-        order = jnp.where(slots < self.lengths[:, None], slots, -1)
-        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
-
-    def next_positions(self) -> jax.Array:
-        """int32 ``[B]``: one past the largest position stored per sequence (0 if empty)."""
-        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
 
     def can_append(self, num_tokens: int) -> jax.Array:
         return self.lengths + num_tokens <= self.capacity
 
     def validate_append(self, batch_size: int, num_tokens: int) -> None:
-        _check_batch("cache", self.lengths, batch_size)
-        if num_tokens > self.capacity:
-            raise ValueError(
-                f"appending {num_tokens} tokens exceeds the cache capacity {self.capacity}"
-            )
-        if is_concrete(self.lengths):
-            lengths = np.asarray(self.lengths)
-            if (lengths + num_tokens > self.capacity).any():
-                raise ValueError(
-                    f"appending {num_tokens} tokens to cache lengths {lengths.tolist()} exceeds "
-                    f"the cache capacity {self.capacity}"
-                )
+        check_batch("cache", self.lengths, batch_size)
+        check_room(self.lengths, num_tokens, self.capacity)
 
     def begin_update(self, positions: jax.Array) -> tuple[_KVWriter, tuple[Any, Any]]:
         writer = _KVWriter(
@@ -460,7 +470,7 @@ class SlidingWindowKVCache:
         Raises:
             ValueError: with concrete values, new lengths outside ``[0, lengths]``.
         """
-        new_lengths = _new_lengths(new_lengths, self.lengths)
+        new_lengths = checked_lengths(new_lengths, self.lengths)
         order = self._slot_order(self.lengths)
         positions = jnp.where(order < new_lengths[:, None], self.positions, -1)
         # The next query (token new_lengths) needs tokens from new_lengths - W + 1 on;
@@ -485,7 +495,7 @@ class SlidingWindowKVCache:
         return self.complete
 
     def validate_append(self, batch_size: int, num_tokens: int) -> None:
-        _check_batch("cache", self.lengths, batch_size)
+        check_batch("cache", self.lengths, batch_size)
         if is_concrete(self.complete) and not np.asarray(self.complete).all():
             raise ValueError(
                 f"the sliding-window cache was truncated back by more than slots - window + 1 "

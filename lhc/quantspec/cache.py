@@ -35,7 +35,13 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
-from lhc.lm.cache import is_concrete, positions_to_lengths
+from lhc.lm.cache import (
+    InOrderSlots,
+    check_batch,
+    check_room,
+    checked_lengths,
+    is_concrete,
+)
 from lhc.nn.attention import after as after_
 from lhc.nn.attention import attention_segments, write_slots
 from lhc.quantspec.quantize import Quantized, dequantize, quantize
@@ -127,7 +133,7 @@ def _ring_slots(lengths: jax.Array, ring: int) -> jax.Array:
 
 
 @struct.dataclass
-class QuantSpecCache:
+class QuantSpecCache(InOrderSlots):
     """The cache protocol over a quantized store and a full-precision ring.
 
     Attributes:
@@ -175,15 +181,7 @@ class QuantSpecCache:
     # The cache protocol.
 
     def truncate(self, new_lengths) -> QuantSpecCache:
-        new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), self.lengths.shape)
-        if is_concrete(new_lengths, self.lengths):
-            new_np, old_np = np.asarray(new_lengths), np.asarray(self.lengths)
-            if (new_np < 0).any() or (new_np > old_np).any():
-                raise ValueError(
-                    f"truncate: new_lengths must lie in [0, lengths]; got new_lengths="
-                    f"{new_np.tolist()} for lengths={old_np.tolist()}"
-                )
-        new_lengths = jnp.clip(new_lengths, 0, self.lengths)
+        new_lengths = checked_lengths(new_lengths, self.lengths)
         g = self.group_size
         quantized = jnp.minimum(self.quantized, g * (new_lengths // g))
         oldest_held = self.lengths - self.ring_size
@@ -196,35 +194,18 @@ class QuantSpecCache:
             intact=self.intact & held,
         )
 
-    def truncate_at_position(self, positions) -> QuantSpecCache:
-        slots = jnp.arange(self.capacity, dtype=jnp.int32)[None, :]
-        order = jnp.where(slots < self.lengths[:, None], slots, -1)
-        return self.truncate(positions_to_lengths(positions, self.positions, order, self.lengths))
-
-    def next_positions(self) -> jax.Array:
-        return jnp.maximum(jnp.max(self.positions, axis=1) + 1, 0)
-
     def can_append(self, num_tokens: int) -> jax.Array:
         return self.intact & (self.lengths + num_tokens <= self.capacity)
 
     def validate_append(self, batch_size: int, num_tokens: int) -> None:
-        if self.lengths.shape != (batch_size,):
-            raise ValueError(
-                f"cache: the cache holds {self.lengths.shape[0]} sequences, the call has "
-                f"{batch_size}"
-            )
+        check_batch("cache", self.lengths, batch_size)
         if num_tokens > self.max_call:
             raise ValueError(
                 f"a QuantSpecCache takes at most max_call={self.max_call} tokens per call, "
                 f"got {num_tokens}: prefill in chunks of at most {self.max_call}"
             )
-        if is_concrete(self.lengths, self.intact):
-            lengths = np.asarray(self.lengths)
-            if (lengths + num_tokens > self.capacity).any():
-                raise ValueError(
-                    f"appending {num_tokens} tokens to cache lengths {lengths.tolist()} exceeds "
-                    f"the cache capacity {self.capacity}"
-                )
+        check_room(self.lengths, num_tokens, self.capacity)
+        if is_concrete(self.intact):
             if not np.asarray(self.intact).all():
                 raise ValueError(
                     f"the QuantSpecCache was truncated back by more than max_call="
@@ -262,29 +243,14 @@ class QuantSpecCache:
             qv = quantize(values, group_axis=4, group_size=g)
             out = jnp.where(due[:, None], slots, self.capacity)  # dropped where not due
             group = jnp.where(due, quantized // g, self.capacity // g)[:, None]
-            write = lambda name, x, at: (
-                store[name]
-                .at[:, rows, :, at]
-                .set(  # noqa: E731
-                    jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype), mode="drop"
-                )
-            )
-            store["k_upper"], store["k_lower"] = (
-                write("k_upper", qk.upper, out),
-                write("k_lower", qk.lower, out),
-            )
-            store["v_upper"], store["v_lower"] = (
-                write("v_upper", qv.upper, out),
-                write("v_lower", qv.lower, out),
-            )
-            store["k_scale"], store["k_min"] = (
-                write("k_scale", qk.scale, group),
-                write("k_min", qk.minimum, group),
-            )
-            store["v_scale"], store["v_min"] = (
-                write("v_scale", qv.scale, out),
-                write("v_min", qv.minimum, out),
-            )
+            for name, x, at in (
+                ("k_upper", qk.upper, out), ("k_lower", qk.lower, out),
+                ("v_upper", qv.upper, out), ("v_lower", qv.lower, out),
+                ("k_scale", qk.scale, group), ("k_min", qk.minimum, group),
+                ("v_scale", qv.scale, out), ("v_min", qv.minimum, out),
+            ):  # fmt: skip
+                update = jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype)
+                store[name] = store[name].at[:, rows, :, at].set(update, mode="drop")
             quantized = quantized + g * due
         return store, quantized
 
