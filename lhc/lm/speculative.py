@@ -300,9 +300,22 @@ class SelfDrafter:
 
     Attributes:
         model: a module of the target's architecture.
+        draft_view: ``cache -> cache``, the view of the target's cache the drafts read
+            and write (a lower-precision reading of the same store, for QuantSpec), and
+            ``target_view`` its inverse; None for the cache itself.
+        target_view: see ``draft_view``.
+        prepare_params: ``draft_params -> params`` applied inside the jitted round (for
+            example weights unpacked from 4-bit codes on the fly); None to use them as
+            they are.
+
+    The callables are part of the compiled loop's static arguments: pass functions
+    defined once (module-level), not new lambdas per call, or every call recompiles.
     """
 
     model: nn.Module
+    draft_view: Any = None
+    target_view: Any = None
+    prepare_params: Any = None
 
     @property
     def config(self):
@@ -313,12 +326,16 @@ class SelfDrafter:
         return None
 
     def propose(self, params, state, target_cache, pending, position, keys, sampling):
+        if self.prepare_params is not None:
+            params = self.prepare_params(params)
         apply = functools.partial(self.model.apply, {"params": params})
         start = target_cache.lengths
-        drafts, probs, cache, _, _ = _draft_steps(
-            apply, target_cache, pending, position, keys, sampling
-        )
-        return DraftProposal(drafts, probs, state, cache.truncate(start))
+        cache = target_cache if self.draft_view is None else self.draft_view(target_cache)
+        drafts, probs, cache, _, _ = _draft_steps(apply, cache, pending, position, keys, sampling)
+        cache = cache.truncate(start)
+        if self.target_view is not None:
+            cache = self.target_view(cache)
+        return DraftProposal(drafts, probs, state, cache)
 
     def commit(self, params, state, block, block_positions, kept):
         del params, block, block_positions, kept

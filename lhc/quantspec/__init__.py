@@ -13,10 +13,14 @@ This package has, so far:
   the target and at 4 bits by the draft (``cache.draft()``), with a cut between the two
   that depends only on the query's slot, so that a multi-token verification reads as
   token-by-token decoding; ``kv_bytes_per_token``;
+* decoding (``generate``: plain decoding on the target path; ``speculative_generate``:
+  self-speculative decoding, drafts with 4-bit KV and 4-bit weights in the target's
+  cache, verification at 8 bits, greedy output equal to ``generate``'s);
 * the memory-traffic model (``step_bytes``, ``predicted_speedup``, ``NAMED`` sizes).
 """
 
 from lhc.quantspec.cache import QuantSpecCache, init_cache, kv_bytes_per_token
+from lhc.quantspec.decoding import QuantSpecLM, generate, quantspec_model, speculative_generate
 from lhc.quantspec.quantize import Quantized, dequantize, pack_nibbles, quantize, unpack_nibbles
 from lhc.quantspec.traffic import NAMED, ModelSize, predicted_speedup, size_of_config, step_bytes
 from lhc.quantspec.weights import (
@@ -33,10 +37,12 @@ __all__ = [
     "Int4Weight",
     "ModelSize",
     "QuantSpecCache",
+    "QuantSpecLM",
     "Quantized",
     "dequantize",
     "dequantize_params",
     "dequantize_weight",
+    "generate",
     "init_cache",
     "int4_matmul",
     "kv_bytes_per_token",
@@ -45,7 +51,9 @@ __all__ = [
     "quantize",
     "quantize_params",
     "quantize_weight",
+    "quantspec_model",
     "size_of_config",
+    "speculative_generate",
     "step_bytes",
     "unpack_nibbles",
 ]

@@ -14,9 +14,9 @@ slot over groups of ``G`` channels (``lhc.quantspec.quantize``: upper and lower 
 planes, float16 scales and minima); a ring of ``2G + max_call - 1`` full-precision
 slots. At the start of a call the groups that its queries will read quantized are
 quantized from the ring (the older buffer half flushes, during decoding too); the
-call's own keys are then written to the ring. A call's queries read the call's own keys
-at full precision, so a call of more than ``G`` tokens (a long prefill chunk) sees a
-few tokens unquantized that a token-by-token run would see quantized.
+call's own keys are then written to the ring. A call appends at most ``max_call <= G``
+tokens, so its queries read its own keys at full precision as any grouping into calls
+would: prefill in chunks of at most G.
 
 Truncation moves the length back; quantized groups at or past the new length are
 dropped and re-quantized later from the ring. Going back by more than ``max_call``
@@ -230,7 +230,7 @@ class QuantSpecCache(InOrderSlots):
         g, ring = self.group_size, self.ring_size
         store, quantized = dict(self.store), self.quantized
         rows = jnp.arange(quantized.shape[0])[:, None]
-        for _ in range(self.max_call // g + 2):
+        for _ in range(2):  # calls of at most G tokens: at most two groups are due
             due = quantized < limit  # [B]
             slots = quantized[:, None] + jnp.arange(g, dtype=jnp.int32)[None, :]  # [B, G]
             entries = jnp.mod(slots, ring)
@@ -304,10 +304,12 @@ def init_cache(
         group_size: G, the token group of the keys and the channel group of the values;
             must divide ``head_dim``.
         max_call: the most tokens a call may append (prefill chunks, gamma + 1 for
-            verification); default G. The ring holds ``2G + max_call - 1`` slots.
+            verification), at most G (the default). The ring holds ``2G + max_call - 1``
+            slots.
 
     Raises:
-        ValueError: a group size that does not divide the head, or bad sizes.
+        ValueError: a group size that does not divide the head, ``max_call`` outside
+            ``[1, G]``, or bad sizes.
     """
     g = group_size
     if not isinstance(g, int) or g < 2 or config.head_dim % g:
@@ -316,8 +318,11 @@ def init_cache(
             f"quantized in groups of G channels), got {group_size!r}"
         )
     max_call = g if max_call is None else max_call
-    if not isinstance(max_call, int) or max_call < 1:
-        raise ValueError(f"max_call must be a positive int, got {max_call!r}")
+    if not isinstance(max_call, int) or not 1 <= max_call <= g:
+        raise ValueError(
+            f"max_call (tokens per call: prefill chunks, gamma + 1 when verifying) must be "
+            f"an int in [1, group_size={g}], got {max_call!r}"
+        )
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
     slots = g * math.ceil(max_len / g)

@@ -1,0 +1,153 @@
+"""QuantSpec decoding on an ``lhc.lm.Transformer``: plain decoding on the target path
+(8-bit KV cache, full weights) and self-speculative decoding whose draft reads the same
+cache at 4 bits with 4-bit weights.
+
+    from lhc import quantspec
+    out = quantspec.speculative_generate(model, params, prompts, gamma=4, max_new_tokens=64)
+    same = quantspec.generate(model, params, prompts, max_new_tokens=64)  # greedy: equal
+
+A round drafts ``gamma`` tokens one at a time in the target's own cache (the draft's
+keys land in the full-precision buffer), rewinds it, and verifies the pending token and
+the drafts in one pass of the target, which overwrites the draft's keys; acceptance is
+``lhc.lm``'s speculative sampling (greedy: the longest prefix that agrees with the
+target's argmax, plus its next token). Because the cache decides per query slot which
+tokens are read quantized, the verification pass computes what one-token decoding on
+the same cache computes, and the greedy output equals ``generate``'s token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import lm
+from lhc.quantspec.cache import QuantSpecCache, init_cache
+from lhc.quantspec.weights import dequantize_params, quantize_params
+
+
+class QuantSpecLM(lm.Transformer):
+    """An ``lhc.lm.Transformer`` whose ``init_cache`` makes a ``QuantSpecCache``.
+
+    Attributes:
+        group_size: G of the cache.
+        max_call: the most tokens per call (prefill chunks, gamma + 1), at most G.
+    """
+
+    group_size: int = 128
+    max_call: int = 128
+
+    @nn.nowrap
+    def init_cache(self, batch_size: int, max_len: int) -> QuantSpecCache:
+        return init_cache(
+            self.config, batch_size, max_len, group_size=self.group_size, max_call=self.max_call
+        )
+
+
+def _draft_view(cache: QuantSpecCache) -> QuantSpecCache:
+    return cache.draft()
+
+
+def _target_view(cache: QuantSpecCache) -> QuantSpecCache:
+    return cache.target()
+
+
+def _draft_weights(params):
+    return dequantize_params(params, jnp.float32)
+
+
+def quantspec_model(model: lm.Transformer, *, group_size: int = 128) -> QuantSpecLM:
+    """``model``'s architecture with the QuantSpec cache (same parameters)."""
+    config = model.config
+    if config.scan_layers:
+        raise ValueError("QuantSpec needs a model with scan_layers=False (per-layer kernels)")
+    if config.sliding_window is not None:
+        raise ValueError("QuantSpec's cache serves full attention; this model has a sliding window")
+    return QuantSpecLM(config, group_size=group_size, max_call=group_size)
+
+
+def _checked(gamma: int, group_size: int) -> None:
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be a positive int, got {gamma!r}")
+    if gamma + 1 > group_size:
+        raise ValueError(
+            f"gamma + 1 = {gamma + 1} tokens are verified in one call, more than the cache's "
+            f"headroom of group_size = {group_size} tokens per call; lower gamma or raise "
+            f"group_size"
+        )
+
+
+def generate(
+    model: lm.Transformer,
+    params: Any,
+    prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray,
+    prompt_lengths: jax.Array | np.ndarray | None = None,
+    *,
+    max_new_tokens: int,
+    group_size: int = 128,
+    **kwargs,
+) -> lm.GenerateOutput:
+    """Plain decoding on the target path: ``lhc.lm.generate`` with the 8-bit QuantSpec
+    cache (prefill in chunks of ``group_size``). ``kwargs`` go to ``lhc.lm.generate``."""
+    target = quantspec_model(model, group_size=group_size)
+    kwargs.setdefault("prefill_chunk", group_size)
+    return lm.generate(
+        target, params, prompts, prompt_lengths, max_new_tokens=max_new_tokens, **kwargs
+    )
+
+
+def speculative_generate(
+    model: lm.Transformer,
+    params: Any,
+    prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray,
+    prompt_lengths: jax.Array | np.ndarray | None = None,
+    *,
+    gamma: int = 4,
+    max_new_tokens: int,
+    group_size: int = 128,
+    weights: str = "mlp",
+    weight_group_size: int = 128,
+    draft_params: Any = None,
+    **kwargs,
+) -> lm.SpeculativeOutput:
+    """Self-speculative decoding: 4-bit KV and 4-bit weights draft, the 8-bit target
+    verifies.
+
+    Args:
+        model: an ``lhc.lm.Transformer`` (``scan_layers=False``, full attention).
+        params: its parameters (the target's weights).
+        prompts, prompt_lengths: as ``lhc.lm.generate``.
+        gamma: drafts per round.
+        max_new_tokens: N.
+        group_size: the KV cache's G (divides ``head_dim``; ``gamma + 1 <= G``).
+        weights: the draft's 4-bit layers, ``"mlp"`` (the official code) or ``"all"``.
+        weight_group_size: input rows per weight scale.
+        draft_params: the draft's weights as ``quantize_params`` makes them (made from
+            ``params`` when None).
+        **kwargs: ``sampling``, ``rng``, ``stop_tokens``, ``pad_id``, ``verifier``,
+            ``mesh``, ``rules`` of ``lhc.lm.speculative_generate``.
+
+    Returns:
+        An ``lhc.lm.SpeculativeOutput`` (tokens, lengths, rounds, accepted and drafted
+        counts; ``acceptance_rate``).
+
+    Raises:
+        ValueError: ``gamma + 1 > group_size``, a group size that does not divide the
+            head or the weights' input sizes, and ``lhc.lm.speculative_generate``'s errors.
+    """
+    _checked(gamma, group_size)
+    target = quantspec_model(model, group_size=group_size)
+    if draft_params is None:
+        draft_params = quantize_params(params, group_size=weight_group_size, layers=weights)
+    drafter = lm.SelfDrafter(
+        target, draft_view=_draft_view, target_view=_target_view, prepare_params=_draft_weights
+    )
+    kwargs.setdefault("prefill_chunk", group_size)
+    return lm.speculative_generate(
+        target, params, drafter, draft_params, prompts, prompt_lengths,
+        max_new_tokens=max_new_tokens, num_draft=gamma, **kwargs,
+    )  # fmt: skip
