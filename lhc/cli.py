@@ -21,6 +21,7 @@ BENCHMARKS = {
     "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
     "pencil": "lhc.pencil.bench:main",
+    "quantspec": "lhc.quantspec.bench:main",
     "recurrent": "lhc.recurrent.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
 }

@@ -1,0 +1,204 @@
+"""QuantSpec: the memory-traffic model for named configs, and measured self-speculative
+decoding.
+
+First, for each ``--configs`` model at each ``--contexts`` length: the bytes a plain
+decoding step, a draft step (4-bit MLP only, as the official code, or every linear layer)
+and a verification pass read, and the predicted speedup at ``--acceptance`` with
+``--gamma`` drafts (``lhc.quantspec.traffic``; an upper bound).
+
+Then, with ``--workdir`` (a model trained by ``lhc train``, e.g.
+``configs/quantspec_passkey.py``) or ``--random`` (random weights of that config's shape),
+for each ``--prompt-lengths``: ``--batch`` prompts of generated filler text, greedy
+decoding of ``--new-tokens`` three ways in the same process, each timed after an untimed
+warm-up call of the same shapes: ``lhc.lm.generate`` on a full-precision cache (the
+baseline), ``quantspec.generate`` (the 8-bit target path) and
+``quantspec.speculative_generate``; the acceptance rate, tokens per round, the speedups,
+and whether the speculative tokens equal the 8-bit path's.
+
+    lhc bench quantspec --workdir /tmp/quantspec_passkey --prompt-lengths 512,2048,8192
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import lm
+from lhc.quantspec import decoding, traffic
+from lhc.quantspec.weights import quantize_params
+
+
+def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size: int = 128):
+    rows = []
+    for name in configs:
+        size = traffic.NAMED[name]
+        for context in contexts:
+            mlp = traffic.step_bytes(size, context, group_size=group_size, weights="mlp")
+            full = traffic.step_bytes(size, context, group_size=group_size, weights="all")
+            speed = {w: traffic.predicted_speedup(size, context, gamma=gamma, acceptance=acceptance,
+                                                  group_size=group_size, weights=w)
+                     for w in ("mlp", "all")}  # fmt: skip
+            rows.append(dict(config=name, context=context, ar_gb=mlp["ar"] / 1e9,
+                             draft_mlp_gb=mlp["draft"] / 1e9, draft_all_gb=full["draft"] / 1e9,
+                             verify_gb=mlp["verify"] / 1e9, speedup_mlp=speed["mlp"],
+                             speedup_all=speed["all"]))  # fmt: skip
+    return rows
+
+
+def traffic_table(rows, gamma, acceptance) -> str:
+    lines = [
+        f"| config | context | AR GB | draft GB (MLP 4-bit / all) | verify GB | predicted "
+        f"speedup, gamma {gamma}, a {acceptance:g} (MLP / all) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['config']} | {r['context']} | {r['ar_gb']:.1f} | {r['draft_mlp_gb']:.1f} / "
+            f"{r['draft_all_gb']:.1f} | {r['verify_gb']:.1f} | {r['speedup_mlp']:.2f}x / "
+            f"{r['speedup_all']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def _timed(fn) -> tuple[float, Any]:
+    jax.block_until_ready(fn())  # compiles
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    return time.perf_counter() - start, out
+
+
+def load_model(workdir: str | None, random_seed: int | None):
+    """``(model, params)``: a trained run's, or random weights of the quantspec config."""
+    if workdir is not None:
+        from lhc.train import restore_params
+
+        exp, params, _ = restore_params(None, workdir)
+        return exp.task.model, params
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quantspec_passkey.py"
+    spec = importlib.util.spec_from_file_location("quantspec_passkey", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = lm.Transformer(lm.LMConfig(**dict(module.get_config().model)))
+    one = jnp.zeros((1, 1), jnp.int32)
+    params = model.init(jax.random.key(random_seed or 0), one, one)["params"]
+    return model, jax.tree.map(lambda x: getattr(x, "value", x), params,
+                               is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+
+
+def filler_prompts(batch: int, length: int, seed: int = 0) -> np.ndarray:
+    from lhc.data.passkey import Filler
+
+    tokenizer = lm.ByteTokenizer()
+    rng = np.random.default_rng(seed)
+    return np.stack([Filler().tokens(tokenizer, rng, length) for _ in range(batch)]).astype(
+        np.int32
+    )
+
+
+def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, batch, weights):
+    draft = quantize_params(params, group_size=min(128, model.config.embed_dim), layers=weights)
+    rows = []
+    for length in prompt_lengths:
+        prompts = filler_prompts(batch, length)
+        runs = {
+            "fp": functools.partial(lm.generate, model, params, prompts, prefill_chunk=512),
+            "int8": functools.partial(decoding.generate, model, params, prompts,
+                                      group_size=group_size),
+            "spec": functools.partial(decoding.speculative_generate, model, params, prompts,
+                                      gamma=gamma, group_size=group_size, draft_params=draft),
+        }  # fmt: skip
+        seconds, outs = {}, {}
+        for name, run in runs.items():
+            seconds[name], outs[name] = _timed(functools.partial(run, max_new_tokens=new_tokens))
+        base_s, int8_s, spec_s = seconds["fp"], seconds["int8"], seconds["spec"]
+        plain, spec = outs["int8"], outs["spec"]
+        n = np.asarray(plain.lengths)
+        same = all(
+            np.array_equal(np.asarray(spec.tokens)[b, : n[b]], np.asarray(plain.tokens)[b, : n[b]])
+            for b in range(batch)
+        )
+        generated = float(np.asarray(spec.lengths).sum())
+        rows.append(dict(
+            prompt=length, batch=batch, new_tokens=new_tokens, gamma=gamma,
+            fp_tok_s=generated / base_s, int8_tok_s=generated / int8_s,
+            spec_tok_s=generated / spec_s, acceptance=float(spec.acceptance_rate),
+            tokens_per_round=generated / batch / max(int(spec.num_iterations), 1),
+            speedup_vs_fp=base_s / spec_s, speedup_vs_int8=int8_s / spec_s, same_tokens=same,
+        ))  # fmt: skip
+    return rows
+
+
+def measured_table(rows) -> str:
+    lines = [
+        "| prompt | full-precision tok/s | 8-bit tok/s | speculative tok/s | acceptance | "
+        "tokens / round | speedup vs full / vs 8-bit | same tokens as 8-bit |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['prompt']} | {r['fp_tok_s']:.1f} | {r['int8_tok_s']:.1f} | "
+            f"{r['spec_tok_s']:.1f} | {r['acceptance']:.3f} | {r['tokens_per_round']:.2f} | "
+            f"{r['speedup_vs_fp']:.2f}x / {r['speedup_vs_int8']:.2f}x | {r['same_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise SystemExit(f"{flag} must be comma-separated ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag} must be positive ints, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="lhc bench quantspec", description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default=",".join(traffic.NAMED))
+    parser.add_argument("--contexts", default="4096,32768,131072")
+    parser.add_argument("--gamma", type=int, default=6, help="drafts per round (model rows)")
+    parser.add_argument("--acceptance", type=float, default=0.9, help="for the predictions")
+    parser.add_argument("--workdir", default=None, help="a trained run to measure")
+    parser.add_argument("--random", action="store_true", help="measure random weights")
+    parser.add_argument("--prompt-lengths", default="512,2048")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--measure-gamma", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=32, help="KV group of the measured model")
+    parser.add_argument("--weights", choices=("mlp", "all"), default="mlp")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.configs.split(",")) - set(traffic.NAMED))
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; known: {sorted(traffic.NAMED)}")
+    result: dict[str, Any] = {}
+    rows = traffic_rows(args.configs.split(","), _ints(args.contexts, "--contexts"),
+                        gamma=args.gamma, acceptance=args.acceptance)  # fmt: skip
+    print(traffic_table(rows, args.gamma, args.acceptance))
+    result["traffic"] = rows
+    if args.workdir is not None or args.random:
+        model, params = load_model(args.workdir, 0 if args.random else None)
+        measured = measure(
+            model, params, _ints(args.prompt_lengths, "--prompt-lengths"),
+            new_tokens=args.new_tokens, gamma=args.measure_gamma, group_size=args.group_size,
+            batch=args.batch, weights=args.weights,
+        )  # fmt: skip
+        print(f"\ndevice: {jax.devices()[0].platform}; greedy, batch {args.batch}, "
+              f"{args.new_tokens} new tokens, gamma {args.measure_gamma}, G {args.group_size}")  # fmt: skip
+        print(measured_table(measured))
+        result["measured"] = measured
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return result

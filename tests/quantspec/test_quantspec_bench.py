@@ -1,0 +1,35 @@
+"""``lhc bench quantspec``: the traffic rows and the measured rows on a tiny model (the
+timings themselves are not tested)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lhc import lm
+from lhc.quantspec import bench, traffic
+
+
+def test_traffic_rows_through_the_command_line():
+    result = bench.main(["--configs", "llama-2-7b", "--contexts", "131072", "--gamma", "6",
+                         "--acceptance", "0.943"])  # fmt: skip
+    (row,) = result["traffic"]
+    want = traffic.step_bytes(traffic.NAMED["llama-2-7b"], 131072)
+    assert row["ar_gb"] == want["ar"] / 1e9 and row["verify_gb"] == want["verify"] / 1e9
+    assert round(row["speedup_mlp"], 2) == 2.74 and round(row["speedup_all"], 2) == 3.05
+    with pytest.raises(SystemExit, match="unknown"):
+        bench.main(["--configs", "gpt-5"])
+
+
+def test_measured_rows_on_a_tiny_model():
+    config = lm.LMConfig(vocab_size=259, num_layers=1, embed_dim=32, num_heads=2,
+                         num_kv_heads=2, head_dim=16, mlp_dim=64, max_len=256)  # fmt: skip
+    model = lm.Transformer(config)
+    one = jnp.zeros((1, 1), jnp.int32)
+    params = jax.tree.map(lambda x: getattr(x, "value", x),
+                          model.init(jax.random.key(0), one, one)["params"],
+                          is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+    (row,) = bench.measure(model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2,
+                           weights="mlp")  # fmt: skip
+    assert row["same_tokens"] and 0 <= row["acceptance"] <= 1
+    assert 1 <= row["tokens_per_round"] <= 3
+    assert "| 40 |" in bench.measured_table([row])
