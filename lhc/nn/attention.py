@@ -119,8 +119,8 @@ def attention_segments(
     Args:
         query: ``[B, T, N, H]``.
         segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions [B, S_i])``,
-            or with a fourth element, a bool ``[B, T, S_i]`` mask that further restricts
-            which of the segment's keys each query sees.
+            or with a fourth element, a bool ``[B, T, S_i]`` mask (or None) that further
+            restricts which of the segment's keys each query sees.
         query_positions: int ``[B, T]``.
         scale: multiplies the scores.
         window: ``None`` or the sliding-window length.
@@ -152,7 +152,7 @@ def attention_segments(
                 jnp.float32
             )
         mask = attention_mask(query_positions, key_positions, window)
-        if extra:
+        if extra and extra[0] is not None:
             mask &= extra[0]
         mask = mask[:, None, None]  # [B, 1, 1, T, S]
         # A finite fill keeps fully masked rows (padding queries) free of NaN.

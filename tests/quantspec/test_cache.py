@@ -143,3 +143,21 @@ def test_bad_input_is_a_clear_error(params):
         MODEL.apply({"params": params}, tokens(1), arange(20, 21), deep)
     logits, _ = _apply(params, tokens(1), arange(20, 21), deep)
     assert np.isnan(np.asarray(logits)).all()
+
+
+def test_the_pallas_kernel_path_equals_the_xla_path(params):
+    # G = head_dim = 8: whole-head value groups, which the kernel needs.
+    pallas_model = lm.Transformer(CONFIG.replace(attention_impl="pallas"))
+    seq = tokens(30, seed=5)
+    outs = {}
+    for name, model in (("xla", MODEL), ("pallas", pallas_model)):
+        apply = jax.jit(lambda p, t, pos, c, model=model: model.apply({"params": p}, t, pos, c))
+        cache = init_cache(CONFIG, 2, 64, group_size=8, max_call=5)
+        logits = []
+        for s in range(0, 30, 5):
+            out, cache = apply(params, seq[:, s : s + 5], arange(s, s + 5), cache)
+            logits.append(out)
+        draft, _ = apply(params, seq[:, :1], arange(30, 31), cache.draft())
+        outs[name] = (jnp.concatenate(logits, axis=1), draft)
+    np.testing.assert_allclose(outs["pallas"][0], outs["xla"][0], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(outs["pallas"][1], outs["xla"][1], rtol=2e-5, atol=2e-5)
