@@ -64,40 +64,16 @@ def size_of_config(config, name: str = "model") -> ModelSize:
     )  # fmt: skip
 
 
+# name: layers, width, heads, kv heads, head dim, MLP width, vocabulary.
+_ARCHITECTURES = {
+    "llama-2-7b": (32, 4096, 32, 32, 128, 11008, 32000),
+    "llama-3.1-8b": (32, 4096, 32, 8, 128, 14336, 128256),
+    "mistral-7b-v0.3": (32, 4096, 32, 8, 128, 14336, 32768),
+}
+_FIELDS = ("layers", "embed_dim", "heads", "kv_heads", "head_dim", "mlp_dim", "vocab_size")
 NAMED = {
-    size.name: size
-    for size in (
-        decoder_size(
-            "llama-2-7b",
-            layers=32,
-            embed_dim=4096,
-            heads=32,
-            kv_heads=32,
-            head_dim=128,
-            mlp_dim=11008,
-            vocab_size=32000,
-        ),
-        decoder_size(
-            "llama-3.1-8b",
-            layers=32,
-            embed_dim=4096,
-            heads=32,
-            kv_heads=8,
-            head_dim=128,
-            mlp_dim=14336,
-            vocab_size=128256,
-        ),
-        decoder_size(
-            "mistral-7b-v0.3",
-            layers=32,
-            embed_dim=4096,
-            heads=32,
-            kv_heads=8,
-            head_dim=128,
-            mlp_dim=14336,
-            vocab_size=32768,
-        ),
-    )  # fmt: skip
+    name: decoder_size(name, **dict(zip(_FIELDS, values)))
+    for name, values in _ARCHITECTURES.items()
 }
 
 
