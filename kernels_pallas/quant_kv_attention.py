@@ -4,8 +4,9 @@
 v_min, key_positions, cut, *, bits)`` attends queries ``q [B, T, N, H]`` (one decode
 token, or gamma + 1 being verified) to the quantized part of one layer's cache and
 returns the attention output over it with its log-sum-exp, which
-``merge_attention`` combines with the attention over the full-precision buffer (the
-paper's LSE merge). Keys are stored per channel over groups of ``G`` slots
+``merge_attention`` combines with the attention over the full-precision buffer and the
+call's own keys (``buffer_attention``: a multi-query pass whose causal tail covers the
+gamma + 1 tokens being verified; the paper's LSE merge). Keys are stored per channel over groups of ``G`` slots
 (``k_scale``, ``k_min`` ``[B, K, S / G, H]``), values per slot over groups of ``G``
 channels (``v_scale``, ``v_min`` ``[B, K, S, H / G]``), codes two per byte along the
 channels (``[B, K, S, H / 2]``, element ``2i`` in the low nibble): ``bits=4`` reads the
@@ -237,6 +238,143 @@ def _pallas(q, store, key_positions, cut, *, bits, scale, group, backend, interp
 
 
 # --------------------------------------------------------------------------------------
+# The full-precision buffer: a multi-query pass with a causal tail.
+# --------------------------------------------------------------------------------------
+
+
+def buffer_attention(
+    q, keys, values, key_slots, key_positions, query_positions, cut, *, scale: float | None = None,
+    impl: str = "pallas", backend: str | None = None, interpret=None,
+):  # fmt: skip
+    """Attention of ``q [B, T, N, H]`` over full-precision keys and values ``[B, L, K,
+    H]`` (the buffer's recent tokens followed by the call's own), each with its slot and
+    position ``[B, L]``: a query of row ``t`` sees a key whose slot is at least
+    ``cut[b, t]`` and whose position is not negative and at most the query's (the causal
+    tail over the verified tokens). Returns ``(out, lse)`` as ``quant_kv_attention``."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    b, t, n, h = q.shape
+    length, kv = keys.shape[1], keys.shape[2]
+    if keys.shape != (b, length, kv, h) or values.shape != keys.shape or n % kv:
+        raise ValueError(
+            f"keys and values must be [B, L, K, H] with B, H of q {q.shape} and K dividing "
+            f"N; got {keys.shape} and {values.shape}"
+        )
+    if key_slots.shape != (b, length) or key_positions.shape != (b, length):
+        raise ValueError(f"key_slots and key_positions must be [B, L] = {(b, length)}")
+    if query_positions.shape != (b, t) or cut.shape != (b, t):
+        raise ValueError(f"query_positions and cut must be [B, T] = {(b, t)}")
+    scale = h**-0.5 if scale is None else float(scale)
+    backend, interpret = resolve_backend(impl, backend, interpret)
+    if backend == "xla":
+        return buffer_attention_reference(
+            q, keys, values, key_slots, key_positions, query_positions, cut, scale=scale
+        )
+    group = n // kv
+    rows = jnp.transpose(q.reshape(b, t, kv, group, h), (0, 2, 3, 1, 4)).reshape(b, kv, -1, h)
+    rows = rows.astype(jnp.float32) * scale
+    per_row = lambda x: jnp.tile(x.astype(jnp.int32), (1, group))[..., None]  # noqa: E731
+    cut_rows, query_rows = per_row(cut), per_row(query_positions)  # [B, Q, 1]
+    keys_t = jnp.swapaxes(keys, 1, 2).astype(jnp.float32)  # [B, K, L, H]
+    values_t = jnp.swapaxes(values, 1, 2).astype(jnp.float32)
+    slots = key_slots.astype(jnp.int32)[:, None, :]  # [B, 1, L]
+    positions = key_positions.astype(jnp.int32)[:, None, :]
+    num_rows, padded_rows, padded_keys = rows.shape[2], rows.shape[2], length
+    if backend == "gpu":  # Triton: power-of-two blocks, tl.dot dimensions of at least 16
+        padded_rows = next_power_of_two(num_rows, MIN_TRITON_DOT_DIM)
+        padded_keys = next_power_of_two(length, MIN_TRITON_DOT_DIM)
+        pad_rows = ((0, 0), (0, padded_rows - num_rows), (0, 0))
+        rows = jnp.pad(rows, ((0, 0),) + pad_rows)
+        cut_rows, query_rows = jnp.pad(cut_rows, pad_rows), jnp.pad(query_rows, pad_rows)
+        pad_keys = ((0, 0), (0, 0), (0, padded_keys - length))
+        keys_t = jnp.pad(keys_t, pad_keys + ((0, 0),))
+        values_t = jnp.pad(values_t, pad_keys + ((0, 0),))
+        positions = jnp.pad(positions, pad_keys, constant_values=-1)
+        slots = jnp.pad(slots, pad_keys)
+    row_spec = pl.BlockSpec((None, None, padded_rows, h), lambda i, k: (i, k, 0, 0))
+    key_spec = pl.BlockSpec((None, None, padded_keys, h), lambda i, k: (i, k, 0, 0))
+    vector_spec = pl.BlockSpec((None, padded_rows, 1), lambda i, k: (i, 0, 0))
+    key_vector_spec = pl.BlockSpec((None, 1, padded_keys), lambda i, k: (i, 0, 0))
+    lse_spec = pl.BlockSpec((None, None, padded_rows, 1), lambda i, k: (i, k, 0, 0))
+    if backend == "gpu":
+        params = plgpu.CompilerParams(num_warps=4, num_stages=2)
+    else:
+        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    out, lse = pl.pallas_call(
+        _buffer_kernel,
+        grid=(b, kv),
+        in_specs=[
+            row_spec,
+            key_spec,
+            key_spec,
+            key_vector_spec,
+            key_vector_spec,
+            vector_spec,
+            vector_spec,
+        ],  # fmt: skip
+        out_specs=[row_spec, lse_spec],
+        out_shape=[
+            jax.ShapeDtypeStruct((b, kv, padded_rows, h), jnp.float32),
+            jax.ShapeDtypeStruct((b, kv, padded_rows, 1), jnp.float32),
+        ],
+        compiler_params=params,
+        interpret=interpret,
+        name="quant_kv_buffer_attention",
+    )(rows, keys_t, values_t, slots, positions, cut_rows, query_rows)
+    out, lse = out[:, :, :num_rows], lse[:, :, :num_rows, 0]
+    out = jnp.transpose(out.reshape(b, kv, group, t, h), (0, 3, 1, 2, 4)).reshape(b, t, n, h)
+    lse = jnp.transpose(lse.reshape(b, kv, group, t), (0, 3, 1, 2)).reshape(b, t, n)
+    return out, lse
+
+
+def _buffer_kernel(q_ref, k_ref, v_ref, slot_ref, pos_ref, cut_ref, qpos_ref, o_ref, lse_ref):
+    """One kv head: q [Q, H], k, v [L, H], slots and positions [1, L], cut and query
+    positions [Q, 1]; out [Q, H], lse [Q, 1]."""
+    scores = matmul(q_ref[...], k_ref[...], NT)  # [Q, L]
+    positions = pos_ref[...]
+    visible = (slot_ref[...] >= cut_ref[...]) & (positions >= 0) & (positions <= qpos_ref[...])
+    scores = jnp.where(visible, scores, DEFAULT_MASK_VALUE)
+    top = jnp.max(scores, axis=1, keepdims=True)
+    probs = jnp.where(visible, jnp.exp(scores - top), 0.0)
+    total = jnp.sum(probs, axis=1, keepdims=True)
+    safe = jnp.where(total > 0, total, 1.0)
+    o_ref[...] = matmul(probs, v_ref[...], NN) * jnp.where(total > 0, 1.0 / safe, 0.0)
+    lse_ref[...] = jnp.where(total > 0, top + jnp.log(safe), DEFAULT_MASK_VALUE)
+
+
+def buffer_attention_reference(
+    q, keys, values, key_slots, key_positions, query_positions, cut, *, scale=None
+):
+    """``buffer_attention`` in plain jnp."""
+    b, t, n, h = q.shape
+    kv = keys.shape[2]
+    scale = h**-0.5 if scale is None else float(scale)
+    rows = q.astype(jnp.float32).reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum("btkgh,bskh->btkgs", rows, keys.astype(jnp.float32)) * scale
+    visible = (
+        (key_slots[:, None, :] >= cut[:, :, None])
+        & (key_positions[:, None, :] >= 0)
+        & (key_positions[:, None, :] <= query_positions[:, :, None])
+    )[:, :, None, None, :]
+    return _softmax_parts(scores, visible, values.astype(jnp.float32), "btkgs,bskh->btkgh")
+
+
+def _softmax_parts(scores, visible, values, contraction):
+    """``(out, lse)`` of masked scores ``[B, T, K, G, S]`` over values, rows with no
+    visible key giving 0 and ``DEFAULT_MASK_VALUE``; shaped ``[B, T, N, H]`` / ``[B, T, N]``."""
+    b, t, kv, g, _ = scores.shape
+    scores = jnp.where(visible, scores, -jnp.inf)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    probs = jnp.where(visible, jnp.exp(scores - top), 0.0)
+    total = probs.sum(-1, keepdims=True)
+    safe = jnp.where(total > 0, total, 1.0)
+    out = jnp.einsum(contraction, probs, values) / safe
+    lse = jnp.where(total > 0, top + jnp.log(safe), DEFAULT_MASK_VALUE)
+    return out.reshape(b, t, kv * g, -1), lse[..., 0].reshape(b, t, kv * g)
+
+
+# --------------------------------------------------------------------------------------
 # The reference, in plain jnp.
 # --------------------------------------------------------------------------------------
 
@@ -269,12 +407,4 @@ def quant_kv_attention_reference(
     rows = q.astype(jnp.float32).reshape(b, t, kv, n // kv, h)
     scores = jnp.einsum("btkgh,bksh->btkgs", rows, keys) * scale
     visible = (jnp.arange(s)[None, None, :] < cut[:, :, None]) & (key_positions[:, None, :] >= 0)
-    visible = visible[:, :, None, None, :]
-    scores = jnp.where(visible, scores, -jnp.inf)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    probs = jnp.where(visible, jnp.exp(scores - top), 0.0)
-    total = probs.sum(-1, keepdims=True)
-    out = jnp.einsum("btkgs,bksh->btkgh", probs, values) / jnp.where(total > 0, total, 1.0)
-    lse = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1.0)), DEFAULT_MASK_VALUE)
-    return out.reshape(b, t, n, h), lse[..., 0].reshape(b, t, n)
+    return _softmax_parts(scores, visible[:, :, None, None, :], values, "btkgs,bksh->btkgh")

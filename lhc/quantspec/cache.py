@@ -35,7 +35,11 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
-from kernels_pallas.quant_kv_attention import merge_attention, quant_kv_attention
+from kernels_pallas.quant_kv_attention import (
+    buffer_attention,
+    merge_attention,
+    quant_kv_attention,
+)
 from lhc.lm.cache import (
     InOrderSlots,
     check_batch,
@@ -44,7 +48,7 @@ from lhc.lm.cache import (
     is_concrete,
 )
 from lhc.nn.attention import after as after_
-from lhc.nn.attention import attention_mask, attention_segments, write_slots
+from lhc.nn.attention import attention_segments, write_slots
 from lhc.quantspec.quantize import Quantized, dequantize, quantize
 
 _CODES = ("k_upper", "k_lower", "v_upper", "v_lower")
@@ -134,7 +138,8 @@ class _QuantView:
 
     def _attend_pallas(self, query, query_positions, window, dtype, alibi_slopes):
         """The quantized store through ``kernels_pallas.quant_kv_attention`` (dequantized
-        in the kernel), the buffer and the call's keys in XLA, merged by log-sum-exp."""
+        in the kernel), the buffer and the call's keys through its ``buffer_attention``
+        (the causal tail), merged by log-sum-exp."""
         if window is not None or alibi_slopes is not None:
             raise ValueError("the QuantSpec Pallas path serves full attention without ALiBi")
         w = self.writer
@@ -143,34 +148,18 @@ class _QuantView:
             query, *(part(name) for name in _STORE_ORDER), w.store_positions, w.read_cut,
             bits=w.bits,
         )  # fmt: skip
-        recent = attention_with_lse(query, self._buffer_segments(dtype), query_positions)
+        swap = lambda x: jnp.swapaxes(x[self.layer], 1, 2)  # noqa: E731
+        new_slots = w.start[:, None] + jnp.arange(query.shape[1], dtype=jnp.int32)[None]
+        recent = buffer_attention(
+            query,
+            jnp.concatenate([swap(self.layers["ring_k"]), self.new_keys.astype(dtype)], axis=1),
+            jnp.concatenate([swap(self.layers["ring_v"]), self.new_values.astype(dtype)], axis=1),
+            jnp.concatenate([w.ring_slots, new_slots], axis=1),
+            jnp.concatenate([w.ring_positions, w.new_positions], axis=1),
+            query_positions,
+            w.read_cut,
+        )
         return merge_attention([stored, recent]).astype(dtype)
-
-
-def attention_with_lse(query, segments, query_positions):
-    """Softmax attention of ``query [B, T, N, H]`` over ``segments`` (keys, values
-    ``[B, S_i, K, H]``, positions ``[B, S_i]``, mask ``[B, T, S_i]`` or None), causal by
-    position; returns ``(out, lse)`` float32 ``[B, T, N, H]`` and ``[B, T, N]``."""
-    b, t, n, h = query.shape
-    keys = jnp.concatenate([k for k, *_ in segments], axis=1).astype(jnp.float32)
-    values = jnp.concatenate([v for _, v, *_ in segments], axis=1).astype(jnp.float32)
-    masks = []
-    for _, _, positions, mask in segments:
-        causal = attention_mask(query_positions, positions)
-        masks.append(causal if mask is None else causal & mask)
-    visible = jnp.concatenate(masks, axis=2)[:, :, None, None, :]  # [B, T, 1, 1, S]
-    kv = keys.shape[2]
-    rows = query.astype(jnp.float32).reshape(b, t, kv, n // kv, h)
-    scores = jnp.einsum("btkgh,bskh->btkgs", rows, keys) * h**-0.5
-    scores = jnp.where(visible, scores, -jnp.inf)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    probs = jnp.where(visible, jnp.exp(scores - top), 0.0)
-    total = jnp.sum(probs, axis=-1, keepdims=True)
-    safe = jnp.where(total > 0, total, 1.0)
-    out = jnp.einsum("btkgs,bskh->btkgh", probs, values) / safe
-    lse = jnp.where(total > 0, top + jnp.log(safe), -0.7 * float(np.finfo(np.float32).max))
-    return out.reshape(b, t, n, h), lse[..., 0].reshape(b, t, n)
 
 
 def _ring_slots(lengths: jax.Array, ring: int) -> jax.Array:

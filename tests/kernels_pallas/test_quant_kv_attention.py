@@ -13,6 +13,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from kernels_pallas.quant_kv_attention import (
+    buffer_attention,
+    buffer_attention_reference,
     merge_attention,
     quant_kv_attention,
     quant_kv_attention_reference,
@@ -162,3 +164,77 @@ def test_bad_arguments_are_clear_errors():
         quant_kv_attention(q, *store, positions, cut, impl="triton")
     with pytest.raises(ValueError, match=r"cut \[B, T\]"):
         quant_kv_attention(q, *store, positions, cut[:, :0], impl="xla")
+
+
+# The full-precision buffer ----------------------------------------------------------------
+
+
+def _buffer_case(seed, t, length=24, n=4, kv=2, h=16):
+    r = np.random.default_rng(seed)
+    q = r.normal(size=(2, t, n, h)).astype(np.float32)
+    keys, values = (r.normal(size=(2, length, kv, h)).astype(np.float32) for _ in range(2))
+    slots = np.tile(np.arange(40, 40 + length), (2, 1)).astype(np.int32)
+    slots[:, 3] = -1  # an empty ring entry
+    positions = np.where(slots >= 0, slots, -1).astype(np.int32)
+    positions[1, :4] = -1  # padding
+    query_positions = (40 + length - t + np.arange(t))[None].repeat(2, 0).astype(np.int32)
+    cut = r.integers(40, 40 + length, size=(2, t)).astype(np.int32)
+    return q, keys, values, slots, positions, query_positions, cut
+
+
+def test_buffer_reference_matches_brute_force():
+    q, keys, values, slots, positions, query_positions, cut = _buffer_case(7, 3)
+    out, lse = buffer_attention_reference(q, keys, values, slots, positions, query_positions, cut)
+    n, kv = q.shape[2], keys.shape[2]
+    for b in range(2):
+        for t in range(3):
+            seen = [j for j in range(keys.shape[1]) if slots[b, j] >= cut[b, t]
+                    and 0 <= positions[b, j] <= query_positions[b, t]]  # fmt: skip
+            for head in range(n):
+                k = head // (n // kv)
+                scores = keys[b, seen, k].astype(np.float64) @ q[b, t, head] / 4.0
+                w = np.exp(scores - scores.max())
+                np.testing.assert_allclose(out[b, t, head], w @ values[b, seen, k] / w.sum(),
+                                           rtol=1e-4, atol=1e-5)  # fmt: skip
+                np.testing.assert_allclose(lse[b, t, head], scores.max() + np.log(w.sum()),
+                                           rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("t,seed", [(1, 8), (5, 9)])
+def test_buffer_kernel_matches_reference_in_interpret_mode(t, seed):
+    case = _buffer_case(seed, t)
+    out, lse = buffer_attention(*case, interpret=True)
+    want_out, want_lse = buffer_attention_reference(*case)
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+
+
+def _buffer_shapes(t, sharding=None, b=4, length=269):
+    kv, n, h = 2, 8, 128
+    spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)  # noqa: E731
+    return (spec((b, t, n, h), jnp.bfloat16), spec((b, length, kv, h), jnp.bfloat16),
+            spec((b, length, kv, h), jnp.bfloat16), spec((b, length), jnp.int32),
+            spec((b, length), jnp.int32), spec((b, t), jnp.int32), spec((b, t), jnp.int32))  # fmt: skip
+
+
+def test_buffer_kernel_compiles_for_v5e_and_lowers_for_cuda():
+    triton_call = "__gpu$xla.gpu.triton"
+    exported = export.export(
+        jax.jit(lambda *a: buffer_attention(*a, backend="gpu")), platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(triton_call)],
+    )(*_buffer_shapes(7))  # fmt: skip
+    assert re.findall(r'name = "(quant_kv_\w+)"', exported.mlir_module()) == [
+        "quant_kv_buffer_attention"
+    ]
+    pytest.importorskip("libtpu", reason="libtpu (the tpu extra) is needed to compile for TPU")
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
+    mesh = topologies.make_mesh(topology, (len(topology.devices),), ("data",))
+    attention = jax.shard_map(lambda *a: buffer_attention(*a, backend="tpu"), mesh=mesh,
+                              in_specs=(P("data"),) * 7, out_specs=(P("data"), P("data")),
+                              check_vma=False)  # fmt: skip
+    compiled = (
+        jax.jit(attention).lower(*_buffer_shapes(7, NamedSharding(mesh, P("data")))).compile()
+    )
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') == 1
