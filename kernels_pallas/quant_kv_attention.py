@@ -6,8 +6,9 @@ token, or gamma + 1 being verified) to the quantized part of one layer's cache a
 returns the attention output over it with its log-sum-exp, which
 ``merge_attention`` combines with the attention over the full-precision buffer and the
 call's own keys (``buffer_attention``: a multi-query pass whose causal tail covers the
-gamma + 1 tokens being verified; the paper's LSE merge). Keys are stored per channel over groups of ``G`` slots
-(``k_scale``, ``k_min`` ``[B, K, S / G, H]``), values per slot over groups of ``G``
+gamma + 1 tokens being verified; the paper's LSE merge). Keys are stored per channel over
+groups of ``G`` slots (``k_scale``, ``k_min`` ``[B, K, S / G, H]``), values per slot over
+groups of ``G``
 channels (``v_scale``, ``v_min`` ``[B, K, S, H / G]``), codes two per byte along the
 channels (``[B, K, S, H / 2]``, element ``2i`` in the low nibble): ``bits=4`` reads the
 upper plane only (the draft), ``bits=8`` both (the target). A query of row ``t`` sees the
@@ -21,7 +22,7 @@ never unpacked into an interleaved layout: the dot products run over even and od
 channels separately (``q_even k_low + q_odd k_high``) and the outputs are interleaved
 once at the end. The Pallas path needs whole-head value groups (``G == H``, the paper's
 setting with G = 128); ``impl="xla"`` takes any G. Forward only: decoding needs no
-gradient of the cache.
+gradient of the cache. Each kernel has its plain-jnp reference at the bottom.
 """
 
 from __future__ import annotations
