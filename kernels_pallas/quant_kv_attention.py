@@ -8,10 +8,9 @@ returns the attention output over it with its log-sum-exp, which
 call's own keys (``buffer_attention``: a multi-query pass whose causal tail covers the
 gamma + 1 tokens being verified; the paper's LSE merge). Keys are stored per channel over
 groups of ``G`` slots (``k_scale``, ``k_min`` ``[B, K, S / G, H]``), values per slot over
-groups of ``G``
-channels (``v_scale``, ``v_min`` ``[B, K, S, H / G]``), codes two per byte along the
-channels (``[B, K, S, H / 2]``, element ``2i`` in the low nibble): ``bits=4`` reads the
-upper plane only (the draft), ``bits=8`` both (the target). A query of row ``t`` sees the
+groups of ``G`` channels (``v_scale``, ``v_min`` ``[B, K, S, H / G]``), codes two per
+byte along the channels (``[B, K, S, H / 2]``, element ``2i`` in the low nibble):
+``bits=4`` reads the upper plane only (the draft), ``bits=8`` both (the target). A query of row ``t`` sees the
 slots below ``cut[b, t]`` whose position is not negative.
 
 The kernel (``impl="pallas"``; TPU Mosaic, or Triton on GPU) runs a grid ``(B, K, S /
