@@ -10,8 +10,8 @@ gamma + 1 tokens being verified; the paper's LSE merge). Keys are stored per cha
 groups of ``G`` slots (``k_scale``, ``k_min`` ``[B, K, S / G, H]``), values per slot over
 groups of ``G`` channels (``v_scale``, ``v_min`` ``[B, K, S, H / G]``), codes two per
 byte along the channels (``[B, K, S, H / 2]``, element ``2i`` in the low nibble):
-``bits=4`` reads the upper plane only (the draft), ``bits=8`` both (the target). A query of row ``t`` sees the
-slots below ``cut[b, t]`` whose position is not negative.
+``bits=4`` reads the upper plane only (the draft), ``bits=8`` both (the target). A query
+of row ``t`` sees the slots below ``cut[b, t]`` whose position is not negative.
 
 The kernel (``impl="pallas"``; TPU Mosaic, or Triton on GPU) runs a grid ``(B, K, S /
 G)``: each program dequantizes one key group and the matching values in VMEM/SRAM and
