@@ -16,6 +16,11 @@ baseline), ``quantspec.generate`` (the 8-bit target path) and
 ``quantspec.speculative_generate``; the acceptance rate, tokens per round, the speedups,
 and whether the speculative tokens equal the 8-bit path's.
 
+With ``--kernel-contexts``, the attention over the quantized store (4-bit and 8-bit, one
+decode token and a verification of 7) against bfloat16 attention over the same context,
+one layer of Llama-2 shape: the Pallas kernel on a TPU or GPU, its XLA reference on a
+CPU (``kernel_rows``).
+
     lhc bench quantspec --workdir /tmp/quantspec_passkey --prompt-lengths 512,2048,8192
 """
 
@@ -161,6 +166,66 @@ def measured_table(rows) -> str:
     return "\n".join(lines)
 
 
+def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
+    """Attention over the quantized store (4-bit draft, 8-bit target; ``T = 1`` and
+    ``verify_tokens`` queries) against bfloat16 attention over the same context, one
+    layer of Llama-2 shape (32 heads of 128, G = 128), batch 1. The Pallas kernel on a
+    TPU or GPU; elsewhere its XLA reference (interpreting the kernel would time nothing
+    real)."""
+    from kernels_pallas.quant_kv_attention import quant_kv_attention
+
+    platform = jax.devices()[0].platform
+    impl = "pallas" if platform in ("tpu", "gpu") else "xla"
+    kv, n, h, g = 32, 32, 128, 128
+    r = np.random.default_rng(0)
+    rows = []
+    for context in contexts:
+        s = g * (context // g)
+        codes = jnp.asarray(r.integers(0, 256, (1, kv, s, h // 2)), jnp.uint8)
+        k_scale = jnp.asarray(r.uniform(0, 1, (1, kv, s // g, h)), jnp.float16)
+        v_scale = jnp.asarray(r.uniform(0, 1, (1, kv, s, 1)), jnp.float16)
+        keys = jnp.asarray(r.normal(size=(1, s, kv, h)), jnp.bfloat16)
+        positions = jnp.arange(s, dtype=jnp.int32)[None]
+        for t in (1, verify_tokens):
+            q = jnp.asarray(r.normal(size=(1, t, n, h)), jnp.bfloat16)
+            cut = jnp.full((1, t), s, jnp.int32)
+            query_positions = s + jnp.arange(t, dtype=jnp.int32)[None]
+            dense = jax.jit(functools.partial(_dense_attention, scale=h**-0.5))
+            row = dict(context=s, queries=t, impl=impl)
+            row["bf16_ms"] = (
+                1e3
+                * _timed(
+                    functools.partial(dense, q, keys, keys, positions, query_positions), repeats
+                )[0]
+            )
+            for bits in (4, 8):
+                quant = jax.jit(functools.partial(quant_kv_attention, bits=bits, impl=impl))
+                args = (q, codes, codes, k_scale, k_scale, codes, codes, v_scale, v_scale,
+                        positions, cut)  # fmt: skip
+                row[f"int{bits}_ms"] = 1e3 * _timed(lambda quant=quant, args=args: quant(*args),
+                                                    repeats)[0]  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def _dense_attention(q, keys, values, positions, query_positions, *, scale):
+    from lhc.nn.attention import attention_segments
+
+    return attention_segments(q, [(keys, values, positions)], query_positions, scale=scale)
+
+
+def kernel_table(rows) -> str:
+    lines = ["| context | queries | store read by | bf16 ms | 4-bit ms (ratio) | 8-bit ms (ratio) |",
+             "|---:|---:|---|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['context']} | {r['queries']} | {r['impl']} | {r['bf16_ms']:.3f} | "
+            f"{r['int4_ms']:.3f} ({r['bf16_ms'] / r['int4_ms']:.2f}x) | "
+            f"{r['int8_ms']:.3f} ({r['bf16_ms'] / r['int8_ms']:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
 def _ints(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v]
@@ -185,6 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--group-size", type=int, default=32, help="KV group of the measured model")
     parser.add_argument("--weights", choices=("mlp", "all"), default="mlp")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--kernel-contexts", default="", help="time the store attention")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     unknown = sorted(set(args.configs.split(",")) - set(traffic.NAMED))
@@ -206,6 +272,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{args.new_tokens} new tokens, gamma {args.measure_gamma}, G {args.group_size}")  # fmt: skip
         print(measured_table(measured))
         result["measured"] = measured
+    if args.kernel_contexts:
+        rows = kernel_rows(_ints(args.kernel_contexts, "--kernel-contexts"))
+        print(f"\ndevice: {jax.devices()[0].platform}; one layer of Llama-2 shape, batch 1; "
+              f"ratio = bf16 time / quantized time")  # fmt: skip
+        print(kernel_table(rows))
+        result["kernel"] = rows
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)

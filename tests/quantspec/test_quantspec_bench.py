@@ -33,3 +33,13 @@ def test_measured_rows_on_a_tiny_model():
     assert row["same_tokens"] and 0 <= row["acceptance"] <= 1
     assert 1 <= row["tokens_per_round"] <= 3
     assert "| 40 |" in bench.measured_table([row])
+
+
+def test_kernel_rows_on_this_cpu_time_the_xla_reference():
+    rows = bench.kernel_rows([128], verify_tokens=3, repeats=1)
+    assert [(r["context"], r["queries"], r["impl"]) for r in rows] == [
+        (128, 1, "xla"),
+        (128, 3, "xla"),
+    ]
+    assert all(r[k] > 0 for r in rows for k in ("bf16_ms", "int4_ms", "int8_ms"))
+    assert "| 128 | 3 | xla |" in bench.kernel_table(rows)
