@@ -57,8 +57,8 @@ def full_precision_kv(params, toks):
 def test_a_step_attends_to_the_dequantized_prefix_and_the_recent_tokens(params, bits):
     n = 23  # the next query's slot: Q(23) = 16 slots read quantized, 7 at full precision
     prompt = tokens(n + 1)
-    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=5)
-    _, cache = feed(params, cache, prompt[:, :n], 0, 5)
+    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=4)
+    _, cache = feed(params, cache, prompt[:, :n], 0, 4)
     if bits == 4:
         cache = cache.draft()
     got, _ = _apply(params, prompt[:, n:], arange(n, n + 1), cache)
@@ -83,20 +83,20 @@ def test_a_step_attends_to_the_dequantized_prefix_and_the_recent_tokens(params, 
 
 def test_one_call_of_several_tokens_reads_like_calls_of_one(params):
     seq = tokens(30, seed=1)
-    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=5)
-    _, cache = feed(params, cache, seq[:, :14], 0, 5)
-    together, _ = feed(params, cache, seq[:, 14:19], 14, 5)  # slots 14-18 cross Q's step at 16
-    apart, _ = feed(params, cache, seq[:, 14:19], 14, 1)
+    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=4)
+    _, cache = feed(params, cache, seq[:, :14], 0, 4)
+    together, _ = feed(params, cache, seq[:, 14:18], 14, 4)  # slots 14-17 cross Q's step at 16
+    apart, _ = feed(params, cache, seq[:, 14:18], 14, 1)
     np.testing.assert_allclose(together, apart, rtol=2e-5, atol=2e-5)
 
 
 def test_after_flushes_and_rewinds_the_store_is_quantizing_from_scratch(params):
     seq, other, more = tokens(40, seed=2), tokens(40, seed=3), tokens(8, seed=4)
-    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=5)
-    _, cache = feed(params, cache, seq[:, :17], 0, 5)
+    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=4)
+    _, cache = feed(params, cache, seq[:, :17], 0, 4)
     _, cache = feed(params, cache, seq[:, 17:22], 17, 1)
     cache = cache.truncate(19)  # back 3 (into a quantized group), then other tokens
-    _, cache = feed(params, cache, other[:, 19:24], 19, 5)
+    _, cache = feed(params, cache, other[:, 19:24], 19, 4)
     lengths = np.array([21, 24])
     cache = cache.truncate(jnp.asarray(lengths))  # the rows rewind differently
     for s in range(0, 8, 4):  # and go on, flushing again
@@ -133,13 +133,17 @@ def test_bytes_per_token_against_bfloat16():
 def test_bad_input_is_a_clear_error(params):
     with pytest.raises(ValueError, match="group_size must be an int >= 2 dividing head_dim=8"):
         init_cache(CONFIG, 2, 64, group_size=3)
-    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=5)
-    with pytest.raises(ValueError, match="at most max_call=5 tokens per call, got 6"):
-        MODEL.apply({"params": params}, tokens(6), arange(0, 6), cache)
-    _, cache = feed(params, cache, tokens(30), 0, 5)
+    cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=4)
+    with pytest.raises(ValueError, match="at most max_call=4 tokens per call, got 5"):
+        MODEL.apply({"params": params}, tokens(5), arange(0, 5), cache)
+    with pytest.raises(
+        ValueError, match=r"max_call .* must be an int in \[1, group_size=4\], got 5"
+    ):
+        init_cache(CONFIG, 2, 64, group_size=G, max_call=5)
+    _, cache = feed(params, cache, tokens(30), 0, 4)
     deep = cache.truncate(20)  # back 10 > max_call: keys the ring no longer holds
     assert not np.asarray(deep.intact).any()
-    with pytest.raises(ValueError, match="truncated back by more than max_call=5"):
+    with pytest.raises(ValueError, match="truncated back by more than max_call=4"):
         MODEL.apply({"params": params}, tokens(1), arange(20, 21), deep)
     logits, _ = _apply(params, tokens(1), arange(20, 21), deep)
     assert np.isnan(np.asarray(logits)).all()
