@@ -1,7 +1,7 @@
 """QuantSpec (Tiwari et al., ICML 2025): self-speculative decoding with a hierarchical
 4-bit / 8-bit KV cache and 4-bit draft weights.
 
-This package has, so far:
+This package has:
 
 * the hierarchical quantization (``quantize``, ``dequantize``: one store whose upper
   nibbles are the draft's 4-bit codes and whose two nibbles are the target's 8-bit

@@ -1,7 +1,7 @@
 """Recurrent-state models (Buitrago Ruiz & Gu, ICML 2025: length generalization of
 recurrent models).
 
-This package has, so far:
+This package has:
 
 * Mamba-2 and gated-linear-attention language models on the causal-LM protocol whose
   cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
