@@ -25,12 +25,13 @@ $(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.runtime-stamp
 	$(BIN)/lhc demo
 
-# The suite runs in TEST_WORKERS parallel processes (pytest-xdist): most tests are
-# compile-bound and single-threaded, so two workers use both cores of a 2-core machine.
+# The suite runs as a few pytest runs (tests/groups.py says why), each in TEST_WORKERS
+# parallel processes (pytest-xdist): most tests are compile-bound and single-threaded,
+# so two workers use both cores of a 2-core machine.
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.test-stamp
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(BIN)/python tests/groups.py -q -n $(TEST_WORKERS) --durations=15
 
 lint: $(VENV)/.test-stamp
 	$(BIN)/ruff check lhc kernels_pallas configs tests
