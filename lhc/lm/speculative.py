@@ -379,6 +379,7 @@ def speculative_generate(
     draft_prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray | None = None,
     draft_prompt_lengths: jax.Array | np.ndarray | None = None,
     prefill_chunk: int = 512,
+    target_cache: Any = None,
     mesh: jax.sharding.Mesh | None = None,
     rules: Sequence[tuple[str, Any]] | None = None,
 ) -> SpeculativeOutput:
@@ -404,6 +405,10 @@ def speculative_generate(
             (the first pending token).
         draft_prompt_lengths: real lengths of a padded ``draft_prompts`` array.
         prefill_chunk: prompt tokens per prefill chunk.
+        target_cache: continue from this target cache (e.g. a long shared context
+            prefilled once with ``lhc.lm.prefill``): the prompts are appended at each
+            sequence's next position. It is not modified. The drafter starts from its
+            own prompts alone.
         mesh: run under this mesh (parameters may be sharded); activations and caches
             are constrained with ``rules`` (``lhc.parallel.LOGICAL_AXIS_RULES`` by default).
         rules: logical-axis rules for a mesh.
@@ -447,14 +452,30 @@ def speculative_generate(
     # by up to num_draft tokens before it stops.
     extra = max_new_tokens + num_draft + 1
     cache_len, draft_cache_len = tokens.shape[1] + extra, draft_tokens.shape[1] + extra
+    start = np.zeros((tokens.shape[0],), np.int32)
+    if target_cache is not None:
+        start = np.asarray(target_cache.next_positions(), np.int32)
+        if start.shape != (tokens.shape[0],):
+            raise ValueError(
+                f"target_cache holds {start.shape[0]} sequences, prompts {tokens.shape[0]}"
+            )
+        used = int(np.max(np.asarray(target_cache.lengths)))
+        capacity = target_cache.capacity
+        if capacity is not None and used + cache_len > capacity:
+            raise ValueError(
+                f"target_cache has {capacity - used} free slots; prompt width "
+                f"{tokens.shape[1]} + max_new_tokens {max_new_tokens} + num_draft + 1 needs "
+                f"{cache_len}"
+            )
     for name, model, needed in (
-        ("target", target, cache_len),
+        ("target", target, int(start.max(initial=0)) + cache_len),
         ("draft", drafter, draft_cache_len),
     ):
         if needed > model.config.max_len:
             raise ValueError(
                 f"prompt width + max_new_tokens {max_new_tokens} + num_draft + 1 = {needed} "
-                f"exceeds the {name} model's max_len {model.config.max_len}"
+                f"(after the cached context) exceeds the {name} model's max_len "
+                f"{model.config.max_len}"
             )
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
@@ -479,7 +500,8 @@ def speculative_generate(
         return run(
             target_params, draft_params, jnp.asarray(tokens), jnp.asarray(lengths),
             jnp.asarray(draft_tokens), jnp.asarray(draft_lengths), rng,
-            jnp.asarray(stop_token_array(stop_tokens)), jnp.int32(pad_id),
+            jnp.asarray(stop_token_array(stop_tokens)), jnp.int32(pad_id), target_cache,
+            jnp.asarray(start),
         )  # fmt: skip
 
 
@@ -493,13 +515,13 @@ def speculative_generate(
 )  # fmt: skip
 def _speculative_jit(
     target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
-    draft_tokens, draft_lengths, rng, stop_ids, pad_id, *, max_new_tokens, num_draft,
-    sampling, cache_len, draft_cache_len, prefill_chunk, rules,
+    draft_tokens, draft_lengths, rng, stop_ids, pad_id, target_cache, start, *,
+    max_new_tokens, num_draft, sampling, cache_len, draft_cache_len, prefill_chunk, rules,
 ):  # fmt: skip
     with rules_context(rules):
         return _speculative_loop(
             target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
-            draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id,
+            draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, target_cache, start,
             max_new_tokens=max_new_tokens, num_draft=num_draft, cache_len=cache_len,
             draft_cache_len=draft_cache_len, prefill_chunk=prefill_chunk,
         )  # fmt: skip
@@ -507,15 +529,16 @@ def _speculative_jit(
 
 def _speculative_loop(
     target, drafter, verifier, target_params, draft_params, tokens, prompt_lengths,
-    draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, *, max_new_tokens,
-    num_draft, cache_len, draft_cache_len, prefill_chunk,
+    draft_tokens, draft_lengths, rng, sampling, stop_ids, pad_id, target_cache, start, *,
+    max_new_tokens, num_draft, cache_len, draft_cache_len, prefill_chunk,
 ):  # fmt: skip
     batch_size, width = tokens.shape
     apply_target = functools.partial(target.apply, {"params": target_params})
-    target_cache = empty_cache(target, batch_size, cache_len)
+    if target_cache is None:
+        target_cache = empty_cache(target, batch_size, cache_len)
     # Prefill everything but the last prompt token, which becomes the pending token.
     if width > 1:
-        positions = left_padded_positions(prompt_lengths, width)[:, :-1]
+        positions = left_padded_positions(prompt_lengths, width, start)[:, :-1]
         _, target_cache = prefill_chunks(
             target, target_params, tokens[:, :-1], positions, target_cache,
             chunk_size=prefill_chunk,
@@ -529,7 +552,7 @@ def _speculative_loop(
     offsets = jnp.arange(num_draft + 1, dtype=jnp.int32)
     buffer_len = max_new_tokens + num_draft + 1
     # The drafter feeds its pending token at its own position (its prompt may differ).
-    draft_shift = draft_lengths - prompt_lengths
+    draft_shift = draft_lengths - (start + prompt_lengths)
 
     def body(state: _LoopState) -> _LoopState:
         pending, position, done = state.pending, state.position, state.done
@@ -594,7 +617,7 @@ def _speculative_loop(
         _LoopState(
             iteration=jnp.int32(0),
             pending=tokens[:, -1],
-            position=prompt_lengths - 1,
+            position=start + prompt_lengths - 1,
             target_cache=target_cache,
             drafter_state=drafter_state,
             done=jnp.zeros((batch_size,), bool),

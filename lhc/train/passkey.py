@@ -11,6 +11,11 @@ answer loss alone teaches it). ``evaluate`` reports the loss and digit accuracy 
 batches of the training length and, when ``config.passkey_eval.lengths`` is not empty,
 the passkey accuracy over ``lengths`` x ``depths`` (``lhc.lm.passkey``), with a markdown
 table and a heat map written to ``config.passkey_eval.output_dir`` when that is set.
+
+With ``config.data.min_length`` each sequence has its own length, uniform in
+[``min_length``, ``length``], and is right-padded to ``length`` (padding weighs nothing in
+either loss: ``lm_weights`` marks the real tokens). A model trained on one length only
+learns where the question sits at that length and may fail on shorter prompts.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.data.passkey import Filler, passkey_batch
@@ -29,10 +35,24 @@ from lhc.train.causal_lm import CausalLMTask, weighted_cross_entropy
 from lhc.train.tasks import register_task
 
 
+def right_pad(row: dict[str, np.ndarray], length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """A ``[1, n]`` row of tokens / targets / weights right-padded to ``length``, with
+    ``lm_weights`` marking its n real positions (padding weighs nothing in either loss)."""
+    pad = length - row["tokens"].shape[1]
+    fill = lambda x, value: np.pad(x, ((0, 0), (0, pad)), constant_values=value)
+    return {
+        "tokens": fill(row["tokens"], pad_id),
+        "targets": fill(row["targets"], pad_id),
+        "weights": fill(row["weights"], 0.0),
+        "lm_weights": fill(np.ones_like(row["weights"]), 0.0),
+    }
+
+
 @register_task("passkey")
 class PasskeyTask(CausalLMTask):
     """Config keys: those of ``CausalLMTask`` with ``data`` = ``length`` (tokens per
-    training sequence), ``filler_paths`` (``None`` for the generated filler, or a list of
+    training sequence), ``min_length`` (optional: lengths vary from it up to
+    ``length``), ``filler_paths`` (``None`` for the generated filler, or a list of
     text files), ``digits``, ``lm_loss_weight``; and ``passkey_eval`` = ``lengths``, ``depths``, ``samples``,
     ``batch_size``, ``prefill_chunk``, ``output_dir`` (optional)."""
 
@@ -53,7 +73,26 @@ class PasskeyTask(CausalLMTask):
 
     def _make_batch(self, seed, index, rows):
         kwargs = self._generator_kwargs()
-        return stack_rows(lambda rng: passkey_batch(rng, 1, **kwargs), row_rngs(seed, index, rows))
+        min_length = self.config.data.get("min_length")
+        if min_length is None:
+
+            def row(rng):
+                batch = passkey_batch(rng, 1, **kwargs)
+                return {**batch, "lm_weights": np.ones_like(batch["weights"])}
+
+        else:
+            longest = kwargs["length"] - 1
+            if not 1 <= int(min_length) <= longest:
+                raise ValueError(
+                    f"config.data.min_length must lie in [1, length={longest}], got {min_length}"
+                )
+
+            def row(rng):
+                length = int(rng.integers(int(min_length), longest + 1))
+                batch = passkey_batch(rng, 1, **{**kwargs, "length": length + 1})
+                return right_pad(batch, longest, self.tokenizer.pad_id)
+
+        return stack_rows(row, row_rngs(seed, index, rows))
 
     def loss(self, params, batch, rng):
         """The answer digits' loss, plus ``lm_loss_weight`` times every token's."""
@@ -67,7 +106,7 @@ class PasskeyTask(CausalLMTask):
         loss, accuracy, _ = weighted_cross_entropy(logits, batch["targets"], batch["weights"])
         metrics = {"accuracy": accuracy, "answer_loss": loss}
         if lm_weight:
-            every = jnp.ones_like(batch["weights"])
+            every = batch.get("lm_weights", jnp.ones_like(batch["weights"]))
             lm_loss, _, _ = weighted_cross_entropy(logits, batch["targets"], every)
             metrics["lm_loss"] = lm_loss
             loss = loss + lm_weight * lm_loss

@@ -241,3 +241,27 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
     # Rounds of 3 drafts and a bonus token from the target: columns 0-2, 4-6 are drafts.
     tokens = np.asarray(got.tokens)
     np.testing.assert_array_equal(tokens[:, :3], np.asarray(drafts_only.tokens)[:, :3])
+
+
+def test_continuing_from_a_prefilled_target_cache():
+    """A shared context prefilled once, the rest of each prompt appended by the loop: the
+    same tokens as speculating on the whole prompts, and as greedy generation."""
+    target_params = _params(TARGET, 0)
+    target = lm.Transformer(TARGET)
+    draft_params = _perturbed(target_params, 2, 0.1)
+    context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
+    questions = [[11, 13, 2], [6, 9]]
+    whole = [c + q for c, q in zip(context, questions)]
+    want = lm.generate(target, target_params, whole, max_new_tokens=9)
+    cache = target.init_cache(2, 40)
+    positions = np.broadcast_to(np.arange(7), (2, 7))
+    _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
+    got = speculative_generate(
+        target, target_params, target, draft_params, questions, max_new_tokens=9, num_draft=3,
+        target_cache=cache, draft_prompts=whole,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    assert 0.0 < float(got.acceptance_rate) < 1.0
+    with pytest.raises(ValueError, match="free slots"):
+        speculative_generate(target, target_params, target, draft_params, questions,
+                             max_new_tokens=40, num_draft=3, target_cache=cache)  # fmt: skip
