@@ -52,29 +52,47 @@ class PasskeyResult:
 
     def plot(self, path: str, title: str = "passkey accuracy") -> None:
         """Writes a heat map (depth x length) as a PNG."""
-        import matplotlib
+        heatmap(path, self.accuracy, self.lengths, self.depths, title)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        figure, axis = plt.subplots(figsize=(1.2 + 0.9 * len(self.lengths), 3.2))
-        image = axis.imshow(
-            np.ma.masked_invalid(self.accuracy.T), vmin=0, vmax=1, cmap="RdYlGn", aspect="auto"
-        )
-        axis.set_xticks(range(len(self.lengths)), [_short(n) for n in self.lengths])
-        axis.set_yticks(range(len(self.depths)), [f"{d:g}" for d in self.depths])
-        axis.set_xlabel("context length (tokens)")
-        axis.set_ylabel("needle depth")
-        for i, row in enumerate(self.accuracy):
-            for j, value in enumerate(row):
-                text = "n/a" if np.isnan(value) else f"{value:.2f}"
-                axis.text(i, j, text, ha="center", va="center", fontsize=7)
-        axis.set_title(title)
-        figure.colorbar(image, ax=axis)
-        figure.tight_layout()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        figure.savefig(path, dpi=120)
-        plt.close(figure)
+def heatmap(
+    path: str,
+    accuracy: np.ndarray,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    title: str,
+) -> None:
+    """Writes ``accuracy [len(lengths), len(depths)]`` as a depth x length heat map (PNG),
+    each cell labelled ("n/a" where NaN)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(
+        figsize=(1.2 + 0.9 * len(lengths), max(3.2, 1.6 + 0.2 * len(depths)))
+    )
+    image = axis.imshow(
+        np.ma.masked_invalid(np.asarray(accuracy, float).T),
+        vmin=0,
+        vmax=1,
+        cmap="RdYlGn",
+        aspect="auto",
+    )
+    axis.set_xticks(range(len(lengths)), [_short(n) for n in lengths])
+    axis.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    axis.set_xlabel("context length (tokens)")
+    axis.set_ylabel("needle depth")
+    for i, row in enumerate(accuracy):
+        for j, value in enumerate(row):
+            text = "n/a" if np.isnan(value) else f"{value:.2f}"
+            axis.text(i, j, text, ha="center", va="center", fontsize=7)
+    axis.set_title(title)
+    figure.colorbar(image, ax=axis)
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def _short(n: int) -> str:
