@@ -1,0 +1,344 @@
+"""``lhc bench rapid``: RAPID against target-only decoding and RAG-only decoding, by
+context length, in one run.
+
+Examples are passkey questions (``lhc.data.passkey``'s needle at evenly spread depths of
+generated filler, the question at the end); the answer sits in one chunk. For each
+context length the bench builds the full and the RAG prompts (BM25 over English words),
+then runs greedy decoding of ``--new-tokens`` tokens with:
+
+* ``target``: the target on the whole context (``lhc.lm.generate``);
+* ``rag``: the drafter on the RAG prompt alone;
+* ``rapid eta=E``: RAPID with the drafter (self-speculation when no ``--draft-workdir``)
+  for each ``--etas`` value (``eta=0`` is plain speculative decoding with a RAG drafter);
+* with ``--draft-workdir``, ``rag (large)`` and ``rapid (large) eta=E`` for upward
+  speculation with ``--upward-etas``.
+
+``--setup configs/rapid_llama.py:NAME`` prints instead the memory estimate of the
+paper's setup on imported checkpoints, and runs it on a JSONL file when the config names
+the checkpoints, tokenizer and data (see that config).
+
+Accuracy: the first generated tokens spell the key. Speed: the target's cache of each
+long context is prefilled once, untimed (every method that reads the context pays that
+prefill alike); each method is then timed from that cache to N new tokens per sequence:
+the target appends the question and decodes; RAPID appends the question to a copy of the
+target's cache, prefills the drafter's RAG prompt and runs its rounds; RAG-only prefills
+its RAG prompt and decodes. Tokens per second are ``B N / t`` with t the fastest of
+``--repeats`` calls after a compiling one; speedup is against ``target``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import lm
+from lhc.data.passkey import NEEDLE, QUESTION, Filler
+from lhc.lm.decoding import GREEDY
+from lhc.lm.sampling import SamplingParams
+from lhc.rapid.decoding import (
+    build_prompts,
+    prefill_contexts,
+    rag_generate,
+    rapid_generate,
+    target_generate,
+)
+from lhc.rapid.memory import memory_estimate, memory_table
+from lhc.rapid.retrieval import RetrievalConfig, retrieval_budget, word_terms
+
+
+def passkey_questions(context_len: int, samples: int, *, seed: int = 0, digits: int = 5):
+    """``(contexts, questions, answers)``: ``samples`` contexts of ``context_len`` tokens,
+    a needle at depths evenly spread over [0, 1], the passkey question."""
+    tokenizer = lm.ByteTokenizer()
+    rng = np.random.default_rng(seed)
+    contexts, questions, answers = [], [], []
+    for depth in np.linspace(0.0, 1.0, samples):
+        key = int(rng.integers(10 ** (digits - 1), 10**digits))
+        needle = tokenizer.encode(NEEDLE.format(key=key))
+        filler = Filler().tokens(tokenizer, rng, context_len - len(needle))
+        at = int(round(depth * len(filler)))
+        contexts.append(np.asarray(filler[:at] + needle + filler[at:], np.int32))
+        questions.append(np.asarray(tokenizer.encode(QUESTION), np.int32))
+        answers.append(tokenizer.encode(str(key)))
+    return contexts, questions, answers
+
+
+def _timed(fn, cache, repeats: int) -> tuple[float, Any]:
+    """Fastest of ``repeats`` calls ``fn(copy of cache)`` after a compiling call; the copy
+    (``generate`` donates the cache it continues from) is made before the clock starts."""
+    fresh = lambda: None if cache is None else jax.tree.map(jnp.copy, cache)
+    out = jax.block_until_ready(fn(fresh()))
+    best = float("inf")
+    for _ in range(repeats):
+        given = jax.block_until_ready(fresh())
+        start = time.perf_counter()
+        jax.block_until_ready(fn(given))
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def starts_with_answer(tokens: np.ndarray, answer) -> bool:
+    """A passkey answer: the generation begins with the key's tokens."""
+    return list(tokens[: len(answer)]) == list(answer)
+
+
+def measure_length(
+    methods, prompts, answers, cache, *, new_tokens: int, repeats: int,
+    correct=starts_with_answer,
+) -> list[dict]:  # fmt: skip
+    """One row per method: accuracy, tokens/s after the cached context, acceptance and
+    tokens per round. ``methods``: ``(name, run(prompts, n, cache), uses_cache)``;
+    ``correct(generated tokens, answer) -> bool``."""
+    rows = []
+    batch = len(answers)
+    for name, run, uses_cache in methods:
+        seconds, out = _timed(lambda c, run=run: run(prompts, new_tokens, c),
+                              cache if uses_cache else None, repeats)  # fmt: skip
+        tokens = np.asarray(out.tokens)
+        accuracy = float(np.mean([correct(row, a) for row, a in zip(tokens, answers)]))
+        row = dict(method=name, accuracy=accuracy,
+                   tokens_per_s=batch * new_tokens / seconds, seconds=seconds)  # fmt: skip
+        if hasattr(out, "num_iterations"):
+            row["acceptance"] = float(out.acceptance_rate)
+            row["tokens_per_round"] = float(np.asarray(out.lengths).mean()) / max(
+                int(out.num_iterations), 1
+            )
+        rows.append(row)
+    base = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["speedup"] = row["tokens_per_s"] / base
+    return rows
+
+
+def methods_for(
+    target, target_params, drafter, draft_params, etas, upward, upward_etas, gamma, *,
+    alpha: float = 0.1, sampling: SamplingParams = GREEDY, rng: jax.Array | None = None,
+):  # fmt: skip
+    """``(name, run(prompts, new_tokens, cache), uses_cache)``, target-only first; the
+    cache is the target's, holding the contexts."""
+    common = dict(sampling=sampling, rng=rng)
+
+    def target_run(prompts, n, cache):
+        return target_generate(target, target_params, prompts, max_new_tokens=n, cache=cache,
+                               **common)  # fmt: skip
+
+    def rag_run(model, params):
+        return lambda prompts, n, cache: rag_generate(model, params, prompts, max_new_tokens=n,
+                                                      **common)  # fmt: skip
+
+    def rapid_run(model, params, eta):
+        return lambda prompts, n, cache: rapid_generate(
+            target, target_params, prompts, max_new_tokens=n, drafter=model,
+            draft_params=params, eta=eta, alpha=alpha, gamma=gamma, target_cache=cache,
+            **common,
+        )  # fmt: skip
+
+    methods = [("target", target_run, True), ("rag", rag_run(drafter, draft_params), False)]
+    methods += [(f"rapid eta={e:g}", rapid_run(drafter, draft_params, e), True) for e in etas]
+    if upward is not None:
+        large, large_params = upward
+        methods.append(("rag (large)", rag_run(large, large_params), False))
+        methods += [(f"rapid (large) eta={e:g}", rapid_run(large, large_params, e), True)
+                    for e in upward_etas]  # fmt: skip
+    return methods
+
+
+def table(results: dict[int, list[dict]]) -> str:
+    lines = ["| context | method | accuracy | tok/s | speedup | acceptance | tokens/round |",
+             "|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for length, rows in results.items():
+        for row in rows:
+            accept = f"{row['acceptance']:.3f}" if "acceptance" in row else "-"
+            per_round = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "-"
+            lines.append(f"| {length} | {row['method']} | {row['accuracy']:.2f} | "
+                         f"{row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {accept} | "
+                         f"{per_round} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _load(workdir: str | None, max_len: int, seed: int):
+    if workdir is not None:
+        from lhc.train import restore_params
+
+        exp, params, _ = restore_params(None, workdir)
+        return exp.task.model, params
+    config = lm.LMConfig.tiny(vocab_size=lm.ByteTokenizer().vocab_size, max_len=max_len)
+    return lm.Transformer(config), lm.init_params(config, jax.random.key(seed))
+
+
+def _numbers(text: str, flag: str, kind=int) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    return values
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    examples = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            example = json.loads(line)
+            missing = {"context", "question", "answers"} - set(example)
+            if missing or not isinstance(example.get("answers"), list):
+                raise SystemExit(
+                    f"{path}:{number}: expected an object with context, question and answers "
+                    f"(a list of strings); missing {sorted(missing)}"
+                )
+            examples.append(example)
+    if not examples:
+        raise SystemExit(f"{path}: no examples")
+    return examples
+
+
+def _load_checkpoint(path: str, preset: str, dtype: str, attention_impl: str):
+    """A Hugging Face checkpoint, checked to have the preset's architecture."""
+    config, params = lm.hf.load(path, jnp.dtype(dtype), attention_impl=attention_impl)
+    want = lm.get_preset(preset)
+    fields = ("num_layers", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim")
+    differ = [f for f in fields if getattr(config, f) != getattr(want, f)]
+    if differ:
+        raise SystemExit(
+            f"{path}: the checkpoint is not a {preset}: "
+            + ", ".join(f"{f} {getattr(config, f)} (preset {getattr(want, f)})" for f in differ)
+        )
+    return lm.Transformer(config), params
+
+
+def run_setup(config, repeats: int) -> dict[str, Any]:
+    """The memory estimate of a ``configs/rapid_llama.py`` setup; and, when it names
+    checkpoints, a tokenizer and data, the measured run on them."""
+    dtype = dict(dtype=config.dtype, param_dtype=config.dtype)
+    target_config = lm.get_preset(config.target, **dtype)
+    draft_config = lm.get_preset(config.draft, **dtype) if config.draft else None
+    retrieval = RetrievalConfig(**dict(config.retrieval))
+    decoding = config.decoding
+    rows = []
+    for context in config.contexts:
+        rag_len = retrieval_budget(context, min_budget=retrieval.min_budget, ratio=retrieval.ratio)
+        rows.append((context, rag_len, memory_estimate(
+            target_config, draft_config, context_len=context, rag_len=rag_len,
+            new_tokens=decoding.new_tokens, gamma=decoding.gamma,
+            batch_size=config.batch_size, prefill_chunk=decoding.prefill_chunk,
+            attention_impl=config.attention_impl,
+        )))  # fmt: skip
+    drafter_name = config.draft or "the target (self-speculation)"
+    print(f"target {config.target}, drafter {drafter_name}, batch {config.batch_size}, "
+          f"{decoding.new_tokens} new tokens, gamma {decoding.gamma}, "
+          f"{config.attention_impl} attention; GiB")  # fmt: skip
+    print(memory_table(rows))
+    result: dict[str, Any] = {"memory": [dict(context=c, rag=r, **m) for c, r, m in rows]}
+    if not config.target_checkpoint:
+        return result
+    if not (config.tokenizer and config.data):
+        raise SystemExit("--setup: a target_checkpoint needs config.tokenizer and config.data")
+    target, params = _load_checkpoint(config.target_checkpoint, config.target, config.dtype,
+                                      config.attention_impl)  # fmt: skip
+    upward = None
+    if config.draft_checkpoint:
+        upward = _load_checkpoint(config.draft_checkpoint, config.draft, config.dtype,
+                                  config.attention_impl)  # fmt: skip
+    tokenizer = lm.load_tokenizer(config.tokenizer)
+    examples = _read_jsonl(config.data)
+    prefix = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
+    prompts = build_prompts(
+        [tokenizer.encode(e["context"]) for e in examples],
+        [tokenizer.encode(e["question"]) for e in examples],
+        retrieval, terms=word_terms(tokenizer.decode), prefix=prefix,
+        separator=tokenizer.encode("\n\n"),
+    )  # fmt: skip
+    sampling = SamplingParams(temperature=decoding.temperature, top_p=decoding.top_p)
+    drafter, draft_params = upward if upward is not None else (target, params)
+    methods = methods_for(target, params, drafter, draft_params, [decoding.eta], None, [],
+                          decoding.gamma, alpha=decoding.alpha, sampling=sampling,
+                          rng=jax.random.key(config.seed))  # fmt: skip
+
+    def contains(tokens, answers):
+        text = tokenizer.decode([int(t) for t in tokens])
+        return any(answer in text for answer in answers)
+
+    extra = max(len(q) for q in prompts.questions) + decoding.new_tokens + decoding.gamma + 16
+    cache = prefill_contexts(target, params, prompts, extra=extra,
+                             prefill_chunk=decoding.prefill_chunk)  # fmt: skip
+    measured = measure_length(methods, prompts, [e["answers"] for e in examples], cache,
+                              new_tokens=decoding.new_tokens, repeats=repeats,
+                              correct=contains)  # fmt: skip
+    print(f"\n{len(examples)} examples from {config.data}; device {jax.devices()[0].platform}")
+    print(table({max(len(c) for c in prompts.contexts): measured}))
+    result["measured"] = measured
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = [a for a in argv if a.startswith("--config.")]
+    argv = [a for a in argv if not a.startswith("--config.")]
+    parser = argparse.ArgumentParser(prog="lhc bench rapid", description=__doc__.split("\n")[0])
+    parser.add_argument("--setup", default=None, help="configs/rapid_llama.py:NAME")
+    parser.add_argument("--workdir", default=None, help="the trained target (random if absent)")
+    parser.add_argument("--draft-workdir", default=None, help="a larger drafter (upward)")
+    parser.add_argument("--context-lengths", default="2048,8192")
+    parser.add_argument("--samples", type=int, default=4, help="examples per length (a batch)")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=10)
+    parser.add_argument("--etas", default="0,10", help="RAPID's eta, self-speculation")
+    parser.add_argument("--upward-etas", default="0,40", help="RAPID's eta, larger drafter")
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--min-budget", type=int, default=1024)
+    parser.add_argument("--ratio", type=float, default=24.0)
+    parser.add_argument("--threshold", type=float, default=None, help="BM25 score floor (0)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.setup is not None:
+        from lhc.train.config import load_config
+
+        result = run_setup(load_config(args.setup, overrides), args.repeats)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(result, handle, indent=1)
+        return result
+    if overrides:
+        raise SystemExit(f"{overrides[0]}: --config.KEY=VALUE overrides go with --setup")
+    lengths = _numbers(args.context_lengths, "--context-lengths")
+    etas = _numbers(args.etas, "--etas", float)
+    upward_etas = _numbers(args.upward_etas, "--upward-etas", float)
+    max_len = max(lengths) + 1024
+    target, params = _load(args.workdir, max_len, args.seed)
+    upward = None if args.draft_workdir is None else _load(args.draft_workdir, max_len, args.seed)
+    tokenizer = lm.ByteTokenizer()
+    retrieval = RetrievalConfig(chunk_size=args.chunk_size, min_budget=args.min_budget,
+                                ratio=args.ratio, threshold=args.threshold)  # fmt: skip
+    methods = methods_for(target, params, target, params, etas, upward, upward_etas, args.gamma)
+    results = {}
+    for length in lengths:
+        contexts, questions, answers = passkey_questions(length, args.samples, seed=args.seed)
+        prompts = build_prompts(contexts, questions, retrieval, terms=word_terms(tokenizer.decode))
+        extra = max(len(q) for q in questions) + args.new_tokens + args.gamma + 16
+        start = time.perf_counter()
+        cache = jax.block_until_ready(prefill_contexts(target, params, prompts, extra=extra))
+        print(f"context {length}: prefilled in {time.perf_counter() - start:.1f} s", flush=True)
+        results[length] = measure_length(methods, prompts, answers, cache,
+                                         new_tokens=args.new_tokens, repeats=args.repeats)  # fmt: skip
+        del cache
+        rag_len = max(len(t) for t in prompts.rag_tokens)
+        print(f"context {length}: RAG prompt {rag_len} tokens "
+              f"(budget {prompts.rag[0].budget})", flush=True)  # fmt: skip
+    print(f"\ndevice: {jax.devices()[0].platform}; greedy, batch {args.samples}, "
+          f"{args.new_tokens} new tokens, gamma {args.gamma}, chunks of {args.chunk_size}; "
+          f"tok/s from the cached context")  # fmt: skip
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({str(k): v for k, v in results.items()}, handle, indent=1)
+    return results
