@@ -1,0 +1,254 @@
+"""``lhc bench nolima``: a NoLiMa sweep (accuracy, base score, effective length), or the
+harness's throughput (tests/s and peak memory per length).
+
+Sweep on a model trained on the generated world (``configs/nolima_world.py``)::
+
+    lhc bench nolima --workdir /tmp/nolima/decoder --world \
+        --lengths 250,500,1000,2000,4000 --results /tmp/nolima/decoder.jsonl --plots DIR
+
+Sweep of the official set on an imported checkpoint (a TPU or GPU host)::
+
+    lhc bench nolima --checkpoint ~/Llama-3.1-8B-Instruct --needle-set needle_set.json \
+        --haystack rand_book_1.txt,rand_book_2.txt --lengths 250,500,1000,2000,4000,8000,16000,32000 \
+        --depths 26 --max-new-tokens 192 --results llama8b.jsonl
+
+Throughput (a tiny random decoder unless ``--workdir``; each length in a fresh process
+whose peak resident memory is reported)::
+
+    lhc bench nolima --throughput --lengths 8192,32768 --tests 8
+
+Results are JSON lines: a sweep interrupted and started again with the same arguments
+runs only the tests that are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import lm
+from lhc.nolima import world as world_lib
+from lhc.nolima.evaluate import PromptFormat, chat_template_from, evaluate
+from lhc.nolima.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
+from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases
+from lhc.nolima.scores import plot, summary, table
+
+
+def _numbers(text: str, flag: str, kind=int) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise SystemExit(f"{flag}: expected at least one number")
+    return values
+
+
+def _depths(text: str) -> list[float]:
+    """``--depths``: a count (evenly spaced in [0, 1], as the paper's 26) or a list."""
+    if "," not in text and "." not in text:
+        return np.linspace(0.0, 1.0, int(text)).round(4).tolist()
+    return _numbers(text, "--depths", float)
+
+
+def _model(args, max_len: int):
+    """``(model, params, tokenizer, format, stop_tokens, world_config)``."""
+    if args.checkpoint:
+        config, params = lm.hf.load(args.checkpoint, jnp.dtype(args.dtype), max_len=max_len,
+                                    attention_impl=args.attention_impl)  # fmt: skip
+        tokenizer = lm.load_tokenizer(args.tokenizer or args.checkpoint)
+        chat, specials = chat_template_from(args.tokenizer or args.checkpoint)
+        fmt = PromptFormat(chat_template=None if args.no_chat else chat, special_tokens=specials)
+        stops = lm.hf.stop_tokens(args.checkpoint) or (tokenizer.eos_id,)
+        return lm.Transformer(config), params, tokenizer, fmt, stops, None
+    tokenizer = lm.ByteTokenizer()
+    fmt = world_lib.FORMAT
+    if args.workdir:
+        from lhc.train import restore_params
+
+        exp, params, _ = restore_params(None, args.workdir)
+        return exp.task.model, params, tokenizer, fmt, (tokenizer.eos_id,), exp.config.get("world")
+    config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=max_len)
+    params = lm.init_params(config, jax.random.key(args.seed))
+    return lm.Transformer(config), params, tokenizer, fmt, (tokenizer.eos_id,), None
+
+
+def _world(world_config) -> world_lib.World:
+    w = world_config or {"regions": 4, "cities": 3, "landmarks": 3, "seed": 0}
+    return world_lib.World.generate(regions=int(w["regions"]), cities=int(w["cities"]),
+                                    landmarks=int(w["landmarks"]), seed=int(w["seed"]))  # fmt: skip
+
+
+def _setup(args, tokenizer, world_config, longest: int):
+    """``(cases, haystacks)`` for the arguments."""
+    types = args.question_types.split(",") if args.question_types else None
+    lines_needed = longest // 20 + 200  # generated lines hold about 45 tokens
+    if args.world or not (args.needle_set or args.haystack):
+        world = _world(world_config)
+        regions = len(world.regions)
+        test_regions = tuple(range(regions // 2))
+        experiments = world.needle_set(test_regions)
+        haystacks = [
+            Haystack(world.haystack_lines(lines_needed, decoy_regions=tuple(range(regions // 2, regions)),
+                                          decoy_rate=args.decoy_rate, seed=args.seed + h),
+                     tokenizer, f"world{h}")
+            for h in range(args.haystacks)
+        ]  # fmt: skip
+    else:
+        experiments = load_needle_set(args.needle_set) if args.needle_set else lhc_needle_set()
+        if not args.haystack:
+            raise SystemExit("--needle-set needs --haystack text files")
+        keywords = [a for e in experiments for t in e.tests.values() for a in t.input_args]
+        haystacks = []
+        for index, path in enumerate(args.haystack.split(",")):
+            if args.shuffle:
+                lines = shuffled_haystack([path], num_lines=args.shuffle, seed=42 + index)
+            else:
+                with open(path, encoding="utf-8") as handle:
+                    lines = clean_lines(handle.read())
+            if args.filter:
+                lines, dropped = filter_lines(lines, keywords)
+                print(f"{path}: {dropped} lines naming a keyword dropped")
+            haystacks.append(Haystack(lines, tokenizer, os.path.basename(path)))
+    cases = needle_cases(experiments, types)
+    if args.pairs:
+        cases = cases[: args.pairs]
+    return cases, haystacks
+
+
+def sweep(args) -> dict[str, Any]:
+    lengths = _numbers(args.lengths, "--lengths")
+    depths = _depths(args.depths)
+    model, params, tokenizer, fmt, stops, world_config = _model(args, max(lengths) + 1024)
+    cases, haystacks = _setup(args, tokenizer, world_config, max(lengths))
+    print(f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
+          f"depths x {len(lengths)} lengths ({args.variant})", flush=True)  # fmt: skip
+    start = time.perf_counter()
+    records = evaluate(model, params, tokenizer, cases, haystacks, lengths=lengths, depths=depths,
+                       variant=args.variant, fmt=fmt, batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens, stop_tokens=stops,
+                       prefill_chunk=args.prefill_chunk, results_path=args.results,
+                       log=lambda m: print(m, flush=True))  # fmt: skip
+    result = summary(records)
+    result["seconds"] = time.perf_counter() - start
+    print(table(result))
+    if args.plots:
+        print("plots:", ", ".join(plot(records, args.plots, args.title)))
+    return result
+
+
+def _one_length(args) -> dict[str, Any]:
+    """Tests/s at one length (after one batch that compiles), and this process's peak RSS."""
+    (length,) = _numbers(args.lengths, "--lengths")
+    model, params, tokenizer, fmt, stops, world_config = _model(args, length + 1024)
+    cases, haystacks = _setup(args, tokenizer, world_config, length)
+    cases = (cases * args.tests)[: args.tests]
+    run = lambda c: evaluate(model, params, tokenizer, c, haystacks[:1], lengths=[length],
+                             depths=[0.5], fmt=fmt, batch_size=args.batch_size,
+                             max_new_tokens=args.max_new_tokens, stop_tokens=stops,
+                             prefill_chunk=args.prefill_chunk)  # fmt: skip
+    start = time.perf_counter()
+    run(cases[: args.batch_size])
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    records = run(cases)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"length": length, "tests": len(records), "seconds": seconds,
+            "tests_per_s": len(records) / seconds, "first_batch_s": compile_s,
+            "peak_rss_gb": peak / 2**30, "prompt_tokens": records[0]["prompt_tokens"],
+            "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+
+
+def _without_lengths(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--lengths`` flag (``--lengths=X`` or ``--lengths X``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--lengths":
+            skip = True
+        elif not arg.startswith("--lengths="):
+            out.append(arg)
+    return out
+
+
+def throughput(args, argv: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for length in _numbers(args.lengths, "--lengths"):
+        command = [sys.executable, "-m", "lhc.nolima.bench", *_without_lengths(argv),
+                   "--one-length", f"--lengths={length}"]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
+        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not found:
+            raise SystemExit(f"length {length} failed:\n{proc.stderr[-3000:]}")
+        rows.append(json.loads(found[-1][len("RESULT ") :]))
+        r = rows[-1]
+        print(f"length {length:>7}: {r['tests']} tests in {r['seconds']:.1f} s = "
+              f"{r['tests_per_s']:.3f} tests/s (batch {r['batch_size']}, first batch "
+              f"{r['first_batch_s']:.1f} s), peak RSS {r['peak_rss_gb']:.2f} GiB", flush=True)  # fmt: skip
+    return rows
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lhc bench nolima", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", default=None, help="a model trained in lhc (byte tokens)")
+    p.add_argument("--checkpoint", default=None, help="a Hugging Face checkpoint directory")
+    p.add_argument("--tokenizer", default=None, help="its tokenizer (default: --checkpoint)")
+    p.add_argument("--dtype", default="bfloat16", help="for --checkpoint")
+    p.add_argument("--attention-impl", default="xla", help="for --checkpoint")
+    p.add_argument("--no-chat", action="store_true", help="plain prompts despite a chat template")
+    p.add_argument("--world", action="store_true", help="the generated world's needles/haystack")
+    p.add_argument("--needle-set", default=None, help="a needle-set JSON (default: lhc's)")
+    p.add_argument("--haystack", default=None, help="comma-separated text files")
+    p.add_argument("--shuffle", type=int, default=0, help="shuffled haystacks of N lines")
+    p.add_argument("--filter", action="store_true", help="drop lines naming a keyword")
+    p.add_argument("--question-types", default=None, help="e.g. onehop,twohop (default: all)")
+    p.add_argument("--variant", default="plain", choices=("plain", "mc", "distractor"))
+    p.add_argument("--pairs", type=int, default=0, help="only the first N pairs")
+    p.add_argument("--haystacks", type=int, default=1, help="generated haystacks (--world)")
+    p.add_argument("--decoy-rate", type=float, default=0.2, help="--world haystacks")
+    p.add_argument("--lengths", default="250,500,1000,2000,4000")
+    p.add_argument("--depths", default="5", help="a count (evenly spaced) or a list")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=12)
+    p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--results", default=None, help="JSON lines (resumable)")
+    p.add_argument("--plots", default=None, help="a directory for heat maps and curves")
+    p.add_argument("--title", default="NoLiMa")
+    p.add_argument("--throughput", action="store_true")
+    p.add_argument("--tests", type=int, default=8, help="tests per length (--throughput)")
+    p.add_argument("--one-length", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the result here")
+    return p
+
+
+def main(argv: list[str] | None = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    if args.checkpoint and args.workdir:
+        raise SystemExit("give --checkpoint or --workdir, not both")
+    if args.one_length:
+        result = _one_length(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return result
+    result = throughput(args, argv) if args.throughput else sweep(args)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""The harness: tests from needle cases x haystacks x lengths x depths, prompts in the
+evaluated model's tokens, batched greedy generation, "contains" scoring, results as
+JSON lines that a restarted sweep resumes from.
+
+    cases = lhc.nolima.needle_cases(lhc.nolima.lhc_needle_set(), ("onehop", "twohop"))
+    haystack = lhc.nolima.Haystack(lines, tokenizer)
+    records = lhc.nolima.evaluate(model, params, tokenizer, cases, [haystack],
+                                  lengths=(1000, 8000), depths=(0.0, 0.5, 1.0),
+                                  results_path="results.jsonl")
+    print(lhc.nolima.table(lhc.nolima.summary(records)))
+
+Variants (the paper's ablations): ``"plain"``; ``"mc"`` (the question lists four
+names, the answer and three other names of the set, in random order; the paper took
+the three from the haystack); ``"distractor"`` (the case's distractor sentence, which
+names the question's keyword, placed at a depth in [0.2, 0.8] at least 0.2 away from
+the needle's). The literal-match ablation is a question type: ``"direct"`` in lhc's set
+(the question names the needle's keyword), the ``ONLYDirect`` file for the official one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lhc.nolima.haystack import Haystack
+from lhc.nolima.needles import NeedleCase
+from lhc.nolima.scores import contains
+
+DEFAULT_TASK_TEMPLATE = (
+    "Here is an excerpt from a book:\n\n{haystack}\n\n"
+    "Answer the question below from the excerpt: what it states, or what follows from it "
+    "with confidence. Keep the answer short.\n\n"
+    "Question: {question} Reply with the answer alone."
+)
+VARIANTS = ("plain", "mc", "distractor")
+_SENTINEL = "\x00HAYSTACK\x00"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFormat:
+    """How a context and a question become the model's tokens.
+
+    Attributes:
+        task_template: the user message, with ``{haystack}`` and ``{question}`` (a
+            needle set's own ``task_template`` wins).
+        chat_template: a Jinja chat template (``chat_template_from``), rendered with a
+            system and a user message and the generation prompt; None for plain text.
+        system_prompt: whether the case's system prompt goes into the chat.
+        add_bos: prepend the tokenizer's bos for plain text (a chat template writes its own).
+        special_tokens: names the chat template may use (``bos_token``, ``eos_token``).
+    """
+
+    task_template: str = DEFAULT_TASK_TEMPLATE
+    chat_template: str | None = None
+    system_prompt: bool = True
+    add_bos: bool = True
+    special_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def chat_template_from(path: str | os.PathLike) -> tuple[str | None, dict[str, str]]:
+    """The chat template of a Hugging Face tokenizer directory (``chat_template.jinja``
+    or ``tokenizer_config.json``'s ``chat_template``; the default of a named list), and
+    its special-token strings; ``(None, {})`` when it has none."""
+    path = os.fspath(path)
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    config: dict[str, Any] = {}
+    config_file = os.path.join(directory, "tokenizer_config.json")
+    if os.path.exists(config_file):
+        with open(config_file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    specials = {}
+    for key in ("bos_token", "eos_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            specials[key] = value
+    jinja_file = os.path.join(directory, "chat_template.jinja")
+    if os.path.exists(jinja_file):
+        with open(jinja_file, encoding="utf-8") as handle:
+            return handle.read(), specials
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return (template if isinstance(template, str) else None), specials
+
+
+def render_chat(template: str, messages: Sequence[Mapping[str, str]], **names: str) -> str:
+    """``template`` rendered as Hugging Face renders chat templates (sandboxed Jinja,
+    ``add_generation_prompt=True``)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    return environment.from_string(template).render(
+        messages=list(messages), add_generation_prompt=True, **names
+    )
+
+
+def prompt_tokens(
+    tokenizer, fmt: PromptFormat, case: NeedleCase, context: Sequence[int], question: str
+) -> list[int]:
+    """The prompt's tokens: the rendered text around the context, encoded, with the
+    context's own tokens in the middle (so the needle's token depth is exact)."""
+    template = case.task_template or fmt.task_template
+    user = template.replace("{question}", question).replace("{haystack}", _SENTINEL)
+    if fmt.chat_template is not None:
+        messages = [{"role": "user", "content": user}]
+        if fmt.system_prompt and case.system_prompt:
+            messages.insert(0, {"role": "system", "content": case.system_prompt})
+        text = render_chat(fmt.chat_template, messages, **fmt.special_tokens)
+        bos = []
+    else:
+        text = user
+        bos = [tokenizer.bos_id] if fmt.add_bos and tokenizer.bos_id is not None else []
+    if text.count(_SENTINEL) != 1:
+        raise ValueError("the task template must hold {haystack} exactly once")
+    before, after = text.split(_SENTINEL)
+    return [*bos, *tokenizer.encode(before), *context, *tokenizer.encode(after)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+    """One test: a case in one haystack at one length and depth."""
+
+    case: NeedleCase
+    haystack: int
+    length: int
+    depth: float
+    variant: str
+
+    @property
+    def key(self) -> str:
+        return (f"{self.variant}/{self.length}/{self.haystack}/{self.case.pair}/"
+                f"{self.depth:g}")  # fmt: skip
+
+
+def make_tests(
+    cases: Sequence[NeedleCase],
+    num_haystacks: int,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    variant: str = "plain",
+) -> list[Test]:
+    """Every (length, haystack, case, depth), lengths outermost."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    for name, values in (("lengths", lengths), ("depths", depths)):
+        if not values:
+            raise ValueError(f"{name} must not be empty")
+    if any(not 0 <= d <= 1 for d in depths):
+        raise ValueError(f"depths must lie in [0, 1], got {list(depths)}")
+    if variant == "distractor" and any(c.distractor is None for c in cases):
+        missing = sorted({c.experiment_id for c in cases if c.distractor is None})
+        raise ValueError(f"variant 'distractor': experiments {missing} have no distractor "
+                         "for their question type")  # fmt: skip
+    return [Test(c, h, int(n), float(d), variant) for n in lengths for h in range(num_haystacks)
+            for c in cases for d in depths]  # fmt: skip
+
+
+def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[str, Any]:
+    """The test's prompt tokens and what scoring needs (name, answers, needle offset)."""
+    case = test.case
+    # One generator per test, so a resumed sweep draws the same names.
+    rng = np.random.default_rng(
+        [
+            case.seed,
+            test.haystack,
+            test.length,
+            round(test.depth * 1e6),
+            VARIANTS.index(test.variant),
+        ]
+    )
+    names = haystack.absent(case.character_set)
+    if len(names) < (4 if test.variant == "mc" else 1):
+        raise ValueError(f"experiment {case.experiment_id}: too few names of its character_set "
+                         f"are absent from haystack {haystack.name!r}")  # fmt: skip
+    name = str(names[rng.integers(len(names))])
+    question = case.question
+    if test.variant == "mc":
+        others = [n for n in names if n != name]
+        options = [name, *rng.choice(others, 3, replace=False).tolist()]
+        rng.shuffle(options)
+        question = f"{question} Options: {', '.join(options)}."
+    distractor_depth = None
+    distractor = None
+    if test.variant == "distractor":
+        allowed = [d for d in np.linspace(0.2, 0.8, 61) if abs(d - test.depth) >= 0.2]
+        distractor_depth = float(allowed[rng.integers(len(allowed))])
+        distractor = case.distractor
+    placement = haystack.place(case.needle.replace("{CHAR}", name), length=test.length,
+                               depth=test.depth, distractor=distractor,
+                               distractor_depth=distractor_depth)  # fmt: skip
+    answers = (
+        [a.replace("{CHAR}", name) for a in case.gold_answers] if case.gold_answers else [name]
+    )
+    return {
+        "tokens": prompt_tokens(tokenizer, fmt, case, placement.tokens, question),
+        "name": name,
+        "answers": answers,
+        "needle_start": placement.needle_start,
+        "distractor_depth": distractor_depth,
+    }
+
+
+def read_results(path: str | os.PathLike) -> list[dict]:
+    """The records of a results file (one JSON object per line). A last line without its
+    newline (a write that an interruption cut short) is dropped from the file: that test
+    runs again."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{os.fspath(path)}:{number}: not a JSON record") from None
+    return records
+
+
+GenerateFn = Callable[[list[list[int]]], list[list[int]]]
+
+
+def model_generate(
+    model, params, *, max_new_tokens: int, stop_tokens: Sequence[int] = (), pad_id: int = 0,
+    prefill_chunk: int = 512,
+) -> GenerateFn:  # fmt: skip
+    """A batched greedy generation function of an ``lhc.lm`` protocol model: token lists
+    in, each response's tokens (up to and without the stop token) out."""
+    from lhc import lm
+
+    def run(prompts: list[list[int]]) -> list[list[int]]:
+        out = lm.generate(model, params, prompts, max_new_tokens=max_new_tokens,
+                          stop_tokens=tuple(stop_tokens), pad_id=pad_id,
+                          prefill_chunk=prefill_chunk)  # fmt: skip
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        responses = []
+        for row, n in zip(tokens, lengths):
+            row = row[:n].tolist()
+            if row and row[-1] in stop_tokens:
+                row = row[:-1]
+            responses.append(row)
+        return responses
+
+    return run
+
+
+def evaluate(
+    model,
+    params,
+    tokenizer,
+    cases: Sequence[NeedleCase],
+    haystacks: Sequence[Haystack],
+    *,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    variant: str = "plain",
+    fmt: PromptFormat = PromptFormat(),
+    batch_size: int = 8,
+    max_new_tokens: int = 32,
+    stop_tokens: Sequence[int] | None = None,
+    prefill_chunk: int = 512,
+    results_path: str | os.PathLike | None = None,
+    generate_fn: GenerateFn | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Runs every test not yet in ``results_path`` and returns all records.
+
+    Args:
+        model, params: an ``lhc.lm`` protocol model (unused when ``generate_fn`` is given).
+        tokenizer: the model's tokenizer (``encode``/``decode``, ``bos_id``/``eos_id``).
+        cases: from ``needle_cases``.
+        haystacks: tokenized with ``tokenizer``.
+        lengths, depths: context lengths in tokens, needle depths in [0, 1].
+        variant: ``"plain"``, ``"mc"`` or ``"distractor"``.
+        batch_size: prompts per ``generate`` call (one length at a time).
+        max_new_tokens: response budget (the paper: 192).
+        stop_tokens: default: the tokenizer's eos.
+        results_path: JSON lines, appended after each batch; tests already there are
+            skipped, so an interrupted sweep restarted with the same arguments resumes.
+        generate_fn: token lists -> response token lists (default: greedy ``lm.generate``).
+
+    Returns:
+        One record per test: key, pair, question type, variant, length, haystack, depth,
+        name, answers, response, correct, prompt_tokens, needle_start.
+    """
+    tests = make_tests(cases, len(haystacks), lengths, depths, variant)
+    done = {r["key"]: r for r in read_results(results_path)} if results_path else {}
+    pending = [t for t in tests if t.key not in done]
+    if stop_tokens is None:
+        stop_tokens = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+    if generate_fn is None:
+        pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+        generate_fn = model_generate(model, params, max_new_tokens=max_new_tokens,
+                                     stop_tokens=stop_tokens, pad_id=pad_id,
+                                     prefill_chunk=prefill_chunk)  # fmt: skip
+    if log and len(pending) < len(tests):
+        log(f"{len(tests) - len(pending)} of {len(tests)} tests already in {results_path}")
+    if results_path:
+        os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
+    new = {}
+    # Batches never mix lengths (prompts of one length pad to about the same width).
+    batches = []
+    for length in dict.fromkeys(t.length for t in pending):
+        same = [t for t in pending if t.length == length]
+        batches += [same[i : i + batch_size] for i in range(0, len(same), batch_size)]
+    finished = 0
+    for batch in batches:
+        built = [build(t, haystacks[t.haystack], tokenizer, fmt) for t in batch]
+        responses = generate_fn([b["tokens"] for b in built])
+        lines = []
+        for test, b, response in zip(batch, built, responses):
+            text = tokenizer.decode(response)
+            new[test.key] = record = {
+                "key": test.key, "pair": test.case.pair, "experiment": test.case.experiment_id,
+                "test": test.case.test_id, "question_type": test.case.question_type,
+                "variant": test.variant, "length": test.length,
+                "haystack": haystacks[test.haystack].name, "depth": test.depth,
+                "name": b["name"], "answers": b["answers"], "response": text,
+                "correct": contains(text, b["answers"]), "prompt_tokens": len(b["tokens"]),
+                "needle_start": b["needle_start"], "distractor_depth": b["distractor_depth"],
+            }  # fmt: skip
+            lines.append(json.dumps(record))
+        if results_path:
+            with open(results_path, "a", encoding="utf-8") as handle:
+                handle.write("\n".join(lines) + "\n")
+        finished += len(batch)
+        if log:
+            log(f"{finished}/{len(pending)} tests (length {batch[0].length})")
+    return [done[t.key] if t.key in done else new[t.key] for t in tests]

@@ -1,0 +1,189 @@
+"""Scoring: "contains", the base score, effective length and normalized scores; plots.
+
+The paper's definitions (NoLiMa §4.3):
+
+* a response is correct when it contains a gold answer (case-sensitive);
+* a pair's score at length L is its accuracy averaged over haystacks and depths; the
+  score at L is the mean over pairs;
+* the base score: per pair, the best of its scores at the short lengths (250, 500, 1K),
+  averaged over pairs;
+* the effective length: the longest length whose score is at least 85% of the base.
+  Here it is the longest length before the first that falls below (lengths in order),
+  so a model that recovers at a longer length after failing is not credited with it;
+  None when even the shortest length falls below, or the base score is 0;
+* the normalized score at L: score / base.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+BASE_LENGTHS = (250, 500, 1000)
+
+
+def contains(response: str, answers: Sequence[str]) -> bool:
+    """Whether ``response`` contains any of ``answers`` (case-sensitive)."""
+    return any(answer in response for answer in answers)
+
+
+def pair_scores(records: Iterable[Mapping]) -> dict[str, dict[int, float]]:
+    """``{pair: {length: accuracy}}`` (averaged over haystacks and depths)."""
+    sums: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in records:
+        sums[r["pair"], int(r["length"])].append(float(r["correct"]))
+    out: dict[str, dict[int, float]] = defaultdict(dict)
+    for (pair, length), values in sums.items():
+        out[pair][length] = float(np.mean(values))
+    return dict(out)
+
+
+def length_scores(pairs: Mapping[str, Mapping[int, float]]) -> dict[int, float]:
+    """``{length: mean over pairs}`` (only pairs measured at that length)."""
+    by_length: dict[int, list[float]] = defaultdict(list)
+    for scores in pairs.values():
+        for length, value in scores.items():
+            by_length[length].append(value)
+    return {length: float(np.mean(v)) for length, v in sorted(by_length.items())}
+
+
+def base_score(
+    pairs: Mapping[str, Mapping[int, float]], base_lengths: Sequence[int] = BASE_LENGTHS
+) -> float:
+    """Per pair the best score at ``base_lengths``, averaged over pairs.
+
+    Raises:
+        ValueError: a pair measured at none of ``base_lengths``.
+    """
+    best = []
+    for pair, scores in pairs.items():
+        short = [scores[n] for n in base_lengths if n in scores]
+        if not short:
+            raise ValueError(f"pair {pair!r} has no score at the base lengths {list(base_lengths)}")
+        best.append(max(short))
+    if not best:
+        raise ValueError("base_score needs at least one pair")
+    return float(np.mean(best))
+
+
+def effective_length(
+    scores: Mapping[int, float], base: float, threshold: float = 0.85
+) -> int | None:
+    """The longest length before the first whose score is below ``threshold * base``."""
+    effective = None
+    if base <= 0:
+        return None
+    for length in sorted(scores):
+        if scores[length] < threshold * base:
+            break
+        effective = length
+    return effective
+
+
+def summary(
+    records: Sequence[Mapping],
+    *,
+    base_lengths: Sequence[int] = BASE_LENGTHS,
+    threshold: float = 0.85,
+) -> dict:
+    """Scores by length, base score, effective length, normalized scores; the same per
+    question type; accuracy by (length, depth)."""
+
+    def block(rows):
+        pairs = pair_scores(rows)
+        by_length = length_scores(pairs)
+        out = {"tests": len(rows), "pairs": len(pairs), "by_length": by_length}
+        if any(n in by_length for n in base_lengths):
+            base = base_score(pairs, base_lengths)
+            out.update(
+                base=base,
+                effective_length=effective_length(by_length, base, threshold),
+                normalized={n: (s / base if base > 0 else float("nan"))
+                            for n, s in by_length.items()},
+            )  # fmt: skip
+        return out
+
+    result = block(records)
+    kinds = sorted({r["question_type"] for r in records})
+    result["by_question_type"] = {k: block([r for r in records if r["question_type"] == k])
+                                  for k in kinds}  # fmt: skip
+    grid: dict[tuple[int, float], list[float]] = defaultdict(list)
+    for r in records:
+        grid[int(r["length"]), float(r["depth"])].append(float(r["correct"]))
+    result["by_length_depth"] = {
+        f"{n}/{d:g}": float(np.mean(v)) for (n, d), v in sorted(grid.items())
+    }
+    return result
+
+
+def table(result: Mapping) -> str:
+    """A markdown table: score per length for all pairs and each question type, with the
+    base score and effective length."""
+    lengths = sorted(result["by_length"])
+    head = "| questions | base | " + " | ".join(map(str, lengths)) + " | effective length |"
+    rows = [head, "|---|---:|" + "---:|" * len(lengths) + "---:|"]
+    blocks = [("all", result), *result["by_question_type"].items()]
+    for name, b in blocks:
+        cells = [f"{b['by_length'][n]:.2f}" if n in b["by_length"] else "" for n in lengths]
+        base = f"{b['base']:.2f}" if "base" in b else ""
+        effective = b.get("effective_length")
+        rows.append(f"| {name} | {base} | " + " | ".join(cells)
+                    + f" | {'<' + str(lengths[0]) if effective is None and base else effective or ''} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def grid(records: Sequence[Mapping], question_type: str | None = None):
+    """``(lengths, depths, accuracy [len(lengths), len(depths)])`` (NaN where unmeasured)."""
+    rows = [r for r in records if question_type is None or r["question_type"] == question_type]
+    lengths = sorted({int(r["length"]) for r in rows})
+    depths = sorted({float(r["depth"]) for r in rows})
+    values: dict[tuple[int, float], list[float]] = defaultdict(list)
+    for r in rows:
+        values[int(r["length"]), float(r["depth"])].append(float(r["correct"]))
+    accuracy = np.full((len(lengths), len(depths)), np.nan)
+    for (n, d), v in values.items():
+        accuracy[lengths.index(n), depths.index(d)] = np.mean(v)
+    return lengths, depths, accuracy
+
+
+def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> list[str]:
+    """Writes ``heatmap_<type>.png`` (accuracy by depth and length, per question type)
+    and ``curves.png`` (score against length per question type, with 85% of each base)
+    into ``directory``; returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lhc.lm.passkey import heatmap
+
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    result = summary(records)
+    for kind in result["by_question_type"]:
+        lengths, depths, accuracy = grid(records, kind)
+        path = os.path.join(directory, f"heatmap_{kind}.png")
+        heatmap(path, accuracy, lengths, depths, f"{title}: {kind}")
+        paths.append(path)
+    figure, axis = plt.subplots(figsize=(5.5, 3.5))
+    for index, (kind, block) in enumerate(result["by_question_type"].items()):
+        lengths = sorted(block["by_length"])
+        line = axis.plot(lengths, [block["by_length"][n] for n in lengths], marker="o",
+                         label=kind, color=f"C{index}")  # fmt: skip
+        if "base" in block:
+            axis.axhline(0.85 * block["base"], ls=":", color=line[0].get_color())
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("context length (tokens)")
+    axis.set_ylabel("accuracy")
+    axis.set_ylim(-0.02, 1.02)
+    axis.set_title(f"{title} (dotted: 85% of base)")
+    axis.legend()
+    figure.tight_layout()
+    path = os.path.join(directory, "curves.png")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    paths.append(path)
+    return paths

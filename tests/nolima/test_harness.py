@@ -1,0 +1,289 @@
+"""lhc.nolima: needle sets, haystacks and placement, prompts, scoring, resumable runs."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import tokenizers
+from tokenizers import models, pre_tokenizers, trainers
+
+from lhc import lm, nolima
+
+WORDS = "the river ran past old stone houses while a quiet wind moved over green hills".split()
+
+
+def lines(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(5, 14))).capitalize() + "." for _ in range(n)]
+
+
+def bpe_tokenizer(text_lines):
+    """A small BPE tokenizer trained here: token counts differ from bytes."""
+    tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["[UNK]", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tokenizer.train_from_iterator(text_lines, trainer)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    return lm.tokenizers.HFTokenizer(tokenizer, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_needle_starts_at_the_first_line_at_or_after_the_requested_token_depth(kind):
+    text = lines(300)
+    tokenizer = lm.ByteTokenizer() if kind == "bytes" else bpe_tokenizer(text)
+    haystack = nolima.Haystack(text, tokenizer)
+    needle = "Actually, Yuki once stood right beneath the Atomium."
+    needle_ids = tokenizer.encode(needle + "\n")
+    # The haystack's tokens and line starts, computed here line by line.
+    flat, starts = [], []
+    for line in text:
+        starts.append(len(flat))
+        flat += tokenizer.encode(line + "\n")
+    for length in (250, 1000):
+        budget = length - len(needle_ids)
+        for depth in (0.0, 0.1, 0.37, 0.5, 0.9, 1.0):
+            p = haystack.place(needle, length=length, depth=depth)
+            assert len(p.tokens) == length
+            inside = [s for s in starts if s < budget]
+            end = budget if budget in starts else inside[-1]  # never after a cut line
+            want = next((s for s in inside if s >= round(depth * budget)), end)
+            assert p.needle_start == want
+            assert abs(p.needle_start - depth * budget) < max(len(t) for t in haystack.line_tokens)
+            assert p.tokens[want : want + len(needle_ids)] == needle_ids
+            rest = p.tokens[:want] + p.tokens[want + len(needle_ids) :]
+            assert rest == flat[:budget]
+    with pytest.raises(ValueError, match="holds .* tokens, fewer than"):
+        haystack.place(needle, length=haystack.num_tokens + 100, depth=0.5)
+    with pytest.raises(ValueError, match=r"depth must lie in \[0, 1\], got 1.5"):
+        haystack.place(needle, length=250, depth=1.5)
+
+
+def test_distractor_and_multiple_choice_variants():
+    tokenizer = lm.ByteTokenizer()
+    haystack = nolima.Haystack(lines(300), tokenizer)
+    case = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop",))[0]
+    fmt = nolima.PromptFormat(task_template="{haystack}\nQ: {question}\nA:", add_bos=False)
+    for depth in (0.0, 0.5, 1.0):
+        test = nolima.Test(case, 0, 1000, depth, "distractor")
+        built = nolima.build(test, haystack, tokenizer, fmt)
+        d = built["distractor_depth"]
+        assert 0.2 <= d <= 0.8 and abs(d - depth) >= 0.2
+        text = tokenizer.decode(built["tokens"])
+        assert (
+            text.count(case.distractor) == 1
+            and case.needle.replace("{CHAR}", built["name"]) in text
+        )
+    built = nolima.build(nolima.Test(case, 0, 250, 0.5, "mc"), haystack, tokenizer, fmt)
+    options = tokenizer.decode(built["tokens"]).split("Options: ")[1].split(".")[0].split(", ")
+    assert len(set(options)) == 4 and built["name"] in options
+    assert set(options) <= set(case.character_set)
+
+
+def test_shuffled_haystack_filters_and_names(tmp_path):
+    book = tmp_path / "book.txt"
+    body = [f"Line {i} of the book, long enough to be kept as text here." for i in range(50)]
+    book.write_text("CHAPTER I\n" + "\n".join(body[:25]) + "\n\nshort\nCHAPTER II\n"
+                    + "\n".join(body[25:]) + "\nYuki walked to Brussels in the rain, said Olga.\n")  # fmt: skip
+    out = nolima.shuffled_haystack([book], num_lines=120, snippet_chars=200, seed=1)
+    assert len(out) == 120 and not any(
+        line.startswith("CHAPTER") or line == "short" for line in out
+    )
+    assert set(out) <= set(body) | {"Yuki walked to Brussels in the rain, said Olga."}
+    kept, dropped = nolima.filter_lines(out, ["brussels", "Atomium"])
+    assert dropped == sum("Brussels" in line for line in out) and all(
+        "Brussels" not in k for k in kept
+    )
+    assert (
+        nolima.names_absent(["Yuki", "Olga", "Katie", "Yu"], out) == ("Katie", "Yu") or not dropped
+    )
+    with pytest.raises(ValueError, match="is not a file"):
+        nolima.shuffled_haystack([tmp_path / "missing.txt"])
+
+
+def test_contains_scoring_is_case_sensitive():
+    assert nolima.contains("The answer is Yuki.", ["Yuki"])
+    assert not nolima.contains("the answer is yuki", ["Yuki"])
+    assert nolima.contains("Katie", ["Yuki", "Katie"])
+
+
+def _records(scores):
+    """Records whose pair accuracies are ``scores`` (quarters: 4 tests per pair and length)."""
+    out = []
+    for pair, by_length in scores.items():
+        for length, value in by_length.items():
+            for i in range(4):
+                out.append({"pair": pair, "length": length, "question_type": pair[-6:],
+                            "depth": i / 3, "correct": i < round(4 * value)})  # fmt: skip
+    return out
+
+
+def test_base_score_effective_length_and_normalized_scores_from_a_known_table():
+    scores = {
+        "0101/T01/onehop": {250: 1.0, 500: 1.0, 1000: 0.75, 2000: 1.0, 4000: 0.5, 8000: 1.0},
+        "0101/T02/twohop": {250: 0.75, 500: 1.0, 1000: 1.0, 2000: 0.75, 4000: 0.5, 8000: 1.0},
+        "0201/T01/onehop": {250: 0.75, 500: 0.75, 1000: 0.25, 2000: 0.5, 4000: 0.0, 8000: 0.5},
+    }
+    result = nolima.summary(_records(scores))
+    # By hand: base = mean(1, 1, 0.75); scores = means over the three pairs.
+    base = (1 + 1 + 0.75) / 3
+    assert result["base"] == pytest.approx(base)
+    want = {250: 2.5 / 3, 500: 2.75 / 3, 1000: 2 / 3, 2000: 0.75, 4000: 1 / 3, 8000: 2.5 / 3}
+    assert result["by_length"] == pytest.approx(want)
+    # 0.85 * base = 0.779: 500 passes, 1000 fails first; 8000 recovering is not credited.
+    assert result["effective_length"] == 500
+    assert result["normalized"][4000] == pytest.approx((1 / 3) / base)
+    twohop = result["by_question_type"]["twohop"]
+    assert twohop["base"] == 1.0 and twohop["effective_length"] is None  # 0.75 < 0.85 at 250
+    assert nolima.effective_length({250: 0.1, 500: 0.9}, base=0.5) is None
+    assert nolima.effective_length({250: 0.0}, base=0.0) is None
+    assert "| all | 0.92 |" in nolima.table(result)
+
+
+def test_rouge1_precision_and_the_lhc_needle_set():
+    # Vanilla NIAH: 9 of the question's 10 words are in the needle.
+    assert nolima.rouge1_precision(
+        "What is the best thing to do in San Francisco?",
+        "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park.",
+    ) == pytest.approx(0.9)
+    assert nolima.rouge1_precision("a a b", "a c") == pytest.approx(1 / 3)  # clipped counts
+    cases = nolima.needle_cases(nolima.lhc_needle_set())
+    by_type = {}
+    for case in cases:
+        needle = case.needle.replace("{CHAR}", case.character_set[0])
+        by_type.setdefault(case.question_type, []).append(
+            nolima.rouge1_precision(case.question, needle)
+        )
+    assert set(by_type) == {"onehop", "twohop", "direct"}
+    assert np.mean(by_type["onehop"] + by_type["twohop"]) < 0.1
+    assert np.mean(by_type["direct"]) > 0.3  # the literal-match control does overlap
+    inverted = {c.experiment_id for c in cases if c.experiment_id.endswith("Inv")}
+    assert len(inverted) >= 5 and len(by_type["onehop"]) + len(by_type["twohop"]) >= 50
+
+
+def _entry(**change):
+    entry = {"id": "0102", "system_prompt": "S", "needle": "{CHAR} saw {1}.",
+             "questions": {"onehop": "Who went to {2}?"}, "character_set": ["Ann", "Bo"],
+             "tests": {"T1": {"input_args": ["the Atomium", "Brussels"]}}}  # fmt: skip
+    entry.update(change)
+    return {k: v for k, v in entry.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    "entry, match",
+    [
+        (_entry(needle=None), r"entry 1 \(id '0102'\): missing field 'needle'"),
+        (_entry(needle="Someone saw {1}."), r"entry 1 \(id '0102'\): field 'needle' must be a string holding \{CHAR\}"),
+        (_entry(id="x1"), r"entry 1: field 'id' must be a string starting with 4 digits"),
+        (_entry(character_set=[]), r"\(id '0102'\): field 'character_set' must be a non-empty list"),
+        (_entry(tests={"T1": {"input_args": ["the Atomium"]}}),
+         r"\(id '0102'\), test 'T1': field 'questions.onehop' uses slot \{2\} but 'input_args' has 1"),
+        (_entry(tests={"T1": {"input_args": "Brussels"}}), r"test 'T1': field 'input_args' must be"),
+        (_entry(distractors={"twohop": "x {2}"}), r"field 'distractors' has question types \['twohop'\]"),
+        (_entry(id="0101"), r"entry 1 \(id '0101'\): field 'id' repeats"),
+    ],
+)  # fmt: skip
+def test_a_malformed_needle_set_names_the_entry_and_field(tmp_path, entry, match):
+    path = tmp_path / "needles.json"
+    path.write_text(json.dumps([_entry(id="0101"), entry]))
+    with pytest.raises(ValueError, match=match):
+        nolima.load_needle_set(path)
+
+
+def test_needle_set_round_trip_and_slot_filling(tmp_path):
+    data = [
+        _entry(
+            tests={"T1": {"input_args": ["the Atomium", "Brussels"], "gold_answers": ["{CHAR}"]}}
+        )
+    ]
+    experiments = nolima.parse_needle_set(data)
+    assert nolima.to_json(experiments) == data
+    (case,) = nolima.needle_cases(experiments)
+    assert (case.needle, case.question, case.seed) == (
+        "{CHAR} saw the Atomium.",
+        "Who went to Brussels?",
+        144,
+    )
+    official_like = nolima.lhc_needle_set()
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps(nolima.to_json(official_like)))
+    assert nolima.load_needle_set(path) == official_like
+
+
+def test_chat_template_prompt_holds_the_context_tokens_exactly(tmp_path):
+    tokenizer = lm.ByteTokenizer()
+    template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+                "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": template, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}))  # fmt: skip
+    chat, specials = nolima.chat_template_from(tmp_path)
+    assert chat == template and specials == {"bos_token": "<s>", "eos_token": "</s>"}
+    case = nolima.needle_cases(nolima.lhc_needle_set())[0]
+    fmt = nolima.PromptFormat(task_template="Read: {haystack} Q: {question}", chat_template=chat,
+                              special_tokens=specials)  # fmt: skip
+    context = tokenizer.encode("a b c\n")
+    got = nolima.prompt_tokens(tokenizer, fmt, case, context, case.question)
+    want = (f"<s><|system|>{case.system_prompt}<|end|><|user|>Read: a b c\n Q: {case.question}"
+            "<|end|><|assistant|>")  # fmt: skip
+    assert got == tokenizer.encode(want)
+    plain = nolima.prompt_tokens(tokenizer, nolima.PromptFormat(task_template="{haystack}|{question}"),
+                                 case, context, "Q?")  # fmt: skip
+    assert plain == [tokenizer.bos_id, *tokenizer.encode("a b c\n|Q?")]
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
+    tokenizer = lm.ByteTokenizer()
+    haystacks = [nolima.Haystack(lines(200, seed), tokenizer, f"h{seed}") for seed in (0, 1)]
+    cases = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop", "twohop"))[:3]
+    calls = []
+
+    def answer(prompts, fail_after=None):
+        if fail_after is not None and len(calls) >= fail_after:
+            raise KeyboardInterrupt
+        calls.append(len(prompts))
+        # Answers with the name in the needle when it sits in the first half.
+        out = []
+        for p in prompts:
+            text = tokenizer.decode(p)
+            name = next(n for n in cases[0].character_set if f"{n} " in text or f" {n}." in text)
+            out.append(tokenizer.encode(name if text.find(name) < len(text) / 2 else "nobody"))
+        return out
+
+    kwargs = dict(lengths=(250, 500), depths=(0.0, 0.5, 1.0), batch_size=4)
+    path = tmp_path / "results.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        nolima.evaluate(None, None, tokenizer, cases, haystacks, results_path=path,
+                        generate_fn=lambda p: answer(p, fail_after=3), **kwargs)  # fmt: skip
+    assert len(nolima.read_results(path)) == 12
+    with open(path, "a") as handle:
+        handle.write('{"key": "plain/250/0/0101/T0')  # a write cut short
+    calls.clear()
+    resumed = nolima.evaluate(None, None, tokenizer, cases, haystacks, results_path=path,
+                              generate_fn=answer, **kwargs)  # fmt: skip
+    assert sum(calls) == 36 - 12
+    fresh = nolima.evaluate(None, None, tokenizer, cases, haystacks, generate_fn=answer, **kwargs)
+    assert resumed == fresh and len(nolima.read_results(path)) == 36
+    assert {r["correct"] for r in fresh} == {True, False}
+    assert all(r["correct"] == (r["depth"] < 1.0) for r in fresh if r["length"] == 500)
+
+
+def test_evaluate_runs_a_protocol_model_batched():
+    tokenizer = lm.ByteTokenizer()
+    config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=512)
+    model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
+    haystack = nolima.Haystack(lines(100), tokenizer)
+    cases = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop",))[:2]
+    fmt = nolima.PromptFormat(task_template="{haystack}Q: {question}\nA:")
+    records = nolima.evaluate(model, params, tokenizer, cases, [haystack], lengths=(250,),
+                              depths=(0.0, 1.0), fmt=fmt, batch_size=4, max_new_tokens=4)  # fmt: skip
+    one = nolima.model_generate(model, params, max_new_tokens=4, stop_tokens=(tokenizer.eos_id,))
+    for record, test in zip(records, nolima.make_tests(cases, 1, (250,), (0.0, 1.0))):
+        prompt = nolima.build(test, haystack, tokenizer, fmt)["tokens"]
+        assert record["prompt_tokens"] == len(prompt) == 250 + len(tokenizer.encode(
+            f"Q: {test.case.question}\nA:")) + 1  # fmt: skip
+        assert record["response"] == tokenizer.decode(one([prompt])[0])  # batched == alone
+    with pytest.raises(ValueError, match="variant must be one of"):
+        nolima.make_tests(cases, 1, (250,), (0.5,), variant="hard")
