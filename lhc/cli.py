@@ -20,8 +20,10 @@ import tempfile
 BENCHMARKS = {
     "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
+    "nolima": "lhc.nolima.bench:main",
     "pencil": "lhc.pencil.bench:main",
     "quantspec": "lhc.quantspec.bench:main",
+    "rapid": "lhc.rapid.bench:main",
     "recurrent": "lhc.recurrent.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
 }
