@@ -111,6 +111,7 @@ class Block(nn.Module):
         carry: tuple[jax.Array, Any],
         positions: jax.Array,
         writer: Any,
+        probe: jax.Array | None,
         intervention: Intervention | None,
         layer: int | jax.Array,
     ) -> tuple[tuple[jax.Array, Any], None]:
@@ -121,6 +122,8 @@ class Block(nn.Module):
                 cache's per-layer storage stacked over layers (``None`` without a cache).
             positions: int32 ``[B, T]``.
             writer: the cache's writer for this call (``None`` without a cache).
+            probe: ``None`` or int ``[B, Q]``: queries whose attention probabilities
+                are sown (``lhc.nn.Attention``).
             intervention: this layer's slice of an ``Intervention``, or ``None``.
             layer: this block's index into the stacked storage.
 
@@ -129,6 +132,9 @@ class Block(nn.Module):
         """
         x, layers = carry
         cfg = self.config
+        # The residual stream entering each block: a forward pass can restart here
+        # (``Transformer(..., start_layer=l)``).
+        self.sow("intermediates", "layer_input", x)
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         norm = functools.partial(norm_layer, cfg)
         cache = None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
@@ -145,7 +151,7 @@ class Block(nn.Module):
             param_dtype=param_dtype,
             kernel_layout=cfg.kernel_layout,
             name="attention",
-        )(norm(name="attention_norm")(x), positions, cache)
+        )(norm(name="attention_norm")(x), positions, cache, probe)
         edits = intervention if intervention is not None else Intervention()
         attended = apply_edit(edits.attention, residual_dropout(self, cfg, attended))
         self.sow("intermediates", "attention_out", attended)
@@ -219,6 +225,40 @@ def _check_cache(config: LMConfig, cache, batch_size: int, length: int) -> None:
                 f"within {config.sliding_window}"
             )
     cache.validate_append(batch_size, length)
+
+
+def _check_start(config: LMConfig, tokens, positions, embeddings, start_layer, probe) -> None:
+    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
+        raise ValueError(f"start_layer must be an int, got {start_layer!r}")
+    if not 0 <= start_layer < config.num_layers:
+        raise ValueError(
+            f"start_layer must be in [0, num_layers={config.num_layers}), got {start_layer}"
+        )
+    if start_layer and (tokens is not None or embeddings is None):
+        raise ValueError(
+            "start_layer > 0 runs from the residual stream entering that layer: give it as "
+            "embeddings, with tokens=None"
+        )
+    if start_layer and config.scan_layers:
+        raise ValueError(
+            "start_layer > 0 needs a model that loops over its layers (scan_layers=False; "
+            "lhc.lm.unstack_layer_params converts scanned parameters)"
+        )
+    if probe is not None and (
+        probe.ndim != 2
+        or probe.shape[0] != positions.shape[0]
+        or not jnp.issubdtype(probe.dtype, jnp.integer)
+    ):
+        raise ValueError(
+            f"probe must be int [B, Q] with B={positions.shape[0]}, got {probe.shape} {probe.dtype}"
+        )
+    if probe is not None and is_concrete(probe):
+        values = np.asarray(probe)
+        if values.size and (values.min() < 0 or values.max() >= positions.shape[1]):
+            raise ValueError(
+                f"probe indices must lie in [0, T={positions.shape[1]}), got min {values.min()} "
+                f"max {values.max()}"
+            )
 
 
 def _check_inputs(
@@ -310,6 +350,8 @@ class Transformer(nn.Module):
         embedding_mask: jax.Array | None = None,
         intervention: Intervention | None = None,
         last_only: bool = False,
+        start_layer: int = 0,
+        probe: jax.Array | None = None,
     ) -> tuple[jax.Array, Cache | None]:
         """Runs the model on ``T`` new tokens per sequence.
 
@@ -322,6 +364,17 @@ class Transformer(nn.Module):
                 embeddings of ``tokens``.
             intervention: edits of activations (``lhc.nn.Intervention``).
             last_only: compute the logits of the last column only (``[B, 1, V]``).
+            start_layer: run layers ``start_layer ..`` only, from ``embeddings`` (with
+                ``tokens=None``): the residual stream entering that layer, as sown in
+                ``intermediates`` / ``layer_input`` by an earlier call. Layers below
+                are skipped, so a cache given here receives this call's keys in layers
+                ``>= start_layer`` only: attend to it, do not decode on with the
+                returned cache. Needs ``scan_layers=False`` (``unstack_layer_params``
+                converts the parameters).
+            probe: ``None`` or int ``[B, Q]`` indices into ``T``: each layer sows the
+                attention probabilities of those queries (``intermediates`` /
+                ``attention_probs``, float32 ``[B, N, Q, S]``, over the cache's keys
+                then this call's; see ``lhc.nn.KVView.probabilities``).
 
         Returns:
             ``(logits, cache)``: float32 ``[B, T, V]`` and the updated cache (``None`` if
@@ -335,6 +388,7 @@ class Transformer(nn.Module):
         """
         cfg = self.config
         _check_inputs(cfg, tokens, positions, cache, embeddings, embedding_mask, intervention)
+        _check_start(cfg, tokens, positions, embeddings, start_layer, probe)
         positions = positions.astype(jnp.int32)
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
 
@@ -360,24 +414,26 @@ class Transformer(nn.Module):
                 block_class,
                 variable_axes={"params": 0, "intermediates": 0},
                 split_rngs={"params": True, "train": True},
-                in_axes=(nn.broadcast, nn.broadcast, 0, 0),
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, 0),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )(cfg, window=cfg.sliding_window, name="layers")(
                 (x, layers),
                 positions,
                 writer,
+                probe,
                 intervention,
                 jnp.arange(cfg.num_layers, dtype=jnp.int32),
             )
         else:
-            for layer in range(cfg.num_layers):
+            for layer in range(start_layer, cfg.num_layers):
                 (x, layers), _ = block_class(
                     cfg, window=cfg.layer_window(layer), name=f"layers_{layer}"
                 )(
                     (x, layers),
                     positions,
                     writer,
+                    probe,
                     None if intervention is None else intervention.layer(layer),
                     layer,
                 )

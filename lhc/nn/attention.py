@@ -102,9 +102,67 @@ def _xla_attention(
     )
 
 
+def _segment_mask(query_positions, key_positions, window, extra) -> jax.Array:
+    """bool ``[B, K or 1, 1, T, S]``: ``attention_mask`` for key positions ``[B, S]``, or
+    per key/value head for ``[B, K, S]``, and-ed with an optional ``[B, T, S]`` mask."""
+    if key_positions.ndim == 3:
+        per_head = jax.vmap(attention_mask, in_axes=(None, 1, None), out_axes=1)
+        mask = per_head(query_positions, key_positions, window)  # [B, K, T, S]
+    else:
+        mask = attention_mask(query_positions, key_positions, window)[:, None]
+    if extra is not None:
+        mask &= extra[:, None]
+    return mask[:, :, None]
+
+
+def segment_weights(
+    query: jax.Array,
+    segments: Sequence[tuple[jax.Array, ...]],
+    query_positions: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    alibi_slopes: jax.Array | np.ndarray | None = None,
+) -> list[jax.Array]:
+    """The attention probabilities of ``query`` over several key segments: float32
+    ``[B, K, G, T, S_i]`` per segment (query head ``n = k G + g``), one softmax over all
+    segments (``attention_segments`` has the arguments). Rows that see no key are zero."""
+    batch, length, num_heads, head_dim = query.shape
+    num_kv_heads = segments[0][0].shape[2]
+    group = num_heads // num_kv_heads
+    rows = jnp.transpose(
+        query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
+    )
+    rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
+    logits, masks = [], []
+    for keys, _, key_positions, *extra in segments:
+        keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
+        scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
+        if alibi_slopes is not None:
+            per_head = key_positions if key_positions.ndim == 3 else key_positions[:, None]
+            distance = query_positions[:, None, :, None] - per_head[:, :, None, :]
+            slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
+            scores = scores - slopes[None, :, :, None, None] * distance[:, :, None].astype(
+                jnp.float32
+            )
+        mask = _segment_mask(query_positions, key_positions, window, extra[0] if extra else None)
+        # A finite fill keeps fully masked rows (padding queries) free of NaN.
+        logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
+        masks.append(mask)
+    # The softmax is shift-invariant: no gradient flows through the shift.
+    top = jax.lax.stop_gradient(
+        functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
+    )
+    weights = [jnp.where(m, jnp.exp(x - top), 0.0) for x, m in zip(logits, masks)]
+    total = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
+    inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+    return [w * inverse for w in weights]
+
+
 def attention_segments(
     query: jax.Array,
-    segments: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
+    segments: Sequence[tuple[jax.Array, ...]],
     query_positions: jax.Array,
     *,
     scale: float,
@@ -118,9 +176,11 @@ def attention_segments(
 
     Args:
         query: ``[B, T, N, H]``.
-        segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions [B, S_i])``,
-            or with a fourth element, a bool ``[B, T, S_i]`` mask (or None) that further
-            restricts which of the segment's keys each query sees.
+        segments: ``(keys [B, S_i, K, H], values [B, S_i, K, H], positions)``, or with
+            a fourth element, a bool ``[B, T, S_i]`` mask (or None) that further
+            restricts which of the segment's keys each query sees. ``positions`` is
+            int ``[B, S_i]``, or ``[B, K, S_i]`` when every key/value head holds keys
+            of its own (a cache pruned head by head).
         query_positions: int ``[B, T]``.
         scale: multiplies the scores.
         window: ``None`` or the sliding-window length.
@@ -136,39 +196,12 @@ def attention_segments(
     batch, length, num_heads, head_dim = query.shape
     num_kv_heads = segments[0][0].shape[2]
     group = num_heads // num_kv_heads
-    rows = jnp.transpose(
-        query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
+    weights = segment_weights(
+        query, segments, query_positions, scale=scale, window=window, alibi_slopes=alibi_slopes
     )
-    rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
-    logits, masks = [], []
-    for keys, _, key_positions, *extra in segments:
-        keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
-        scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
-        scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
-        if alibi_slopes is not None:
-            distance = query_positions[:, :, None] - key_positions[:, None, :]  # [B, T, S]
-            slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
-            scores = scores - slopes[None, :, :, None, None] * distance[:, None, None].astype(
-                jnp.float32
-            )
-        mask = attention_mask(query_positions, key_positions, window)
-        if extra and extra[0] is not None:
-            mask &= extra[0]
-        mask = mask[:, None, None]  # [B, 1, 1, T, S]
-        # A finite fill keeps fully masked rows (padding queries) free of NaN.
-        logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
-        masks.append(mask)
-    # The softmax is shift-invariant: no gradient flows through the shift.
-    top = jax.lax.stop_gradient(
-        functools.reduce(jnp.maximum, [jnp.max(x, axis=-1, keepdims=True) for x in logits])
-    )
-    weights = [jnp.where(m, jnp.exp(x - top), 0.0) for x, m in zip(logits, masks)]
-    total = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
-    # Rows that see no key (padding queries) output zero.
-    inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
     out = None
     for w, (_, values, *_) in zip(weights, segments):
-        w = (w * inverse).reshape(batch, num_kv_heads, group * length, -1)
+        w = w.reshape(batch, num_kv_heads, group * length, -1)
         part = weighted_values(w, values)
         out = part if out is None else out + part
     out = jnp.transpose(out.reshape(batch, num_kv_heads, group, length, head_dim), (0, 3, 1, 2, 4))
@@ -349,8 +382,9 @@ def _check_attention_inputs(query, key, value, query_positions, key_positions) -
         )
     if query_positions.shape != (batch, length):
         raise ValueError(f"{query_positions.shape=} must be {(batch, length)}")
-    if key_positions.shape != key.shape[:2]:
-        raise ValueError(f"{key_positions.shape=} must be {key.shape[:2]}")
+    per_head = (key.shape[0], key.shape[2], key.shape[1])
+    if key_positions.shape not in (key.shape[:2], per_head):
+        raise ValueError(f"{key_positions.shape=} must be {key.shape[:2]} or {per_head}")
 
 
 def dot_product_attention(
@@ -387,6 +421,8 @@ def dot_product_attention(
     _check_attention_inputs(query, key, value, query_positions, key_positions)
     if impl not in _IMPLEMENTATIONS:
         raise ValueError(f"attention impl must be one of {attention_impls()}, got {impl!r}")
+    if key_positions.ndim == 3 and impl != "xla":
+        raise ValueError(f"key positions per key/value head need impl='xla', got {impl!r}")
     if window is not None and (
         isinstance(window, bool) or not isinstance(window, int) or window < 1
     ):
@@ -434,7 +470,9 @@ class KVView:
     Attributes:
         keys: ``[B, S, K, H]``, held before this call.
         values: ``[B, S, K, H]``.
-        positions: int32 ``[B, S]``, the position of each key (negative: empty or padding).
+        positions: int32 ``[B, S]``, the position of each key (negative: empty or
+            padding); or ``[B, K, S]`` when each key/value head holds keys of its own
+            (slot ``s`` of head ``k`` is ``keys[:, s, k]``; attention then runs in XLA).
         new_keys: ``[B, T, K, H]``, this call's keys (``None`` when ``keys`` has them).
         new_values: ``[B, T, K, H]``.
         new_positions: int32 ``[B, T]``.
@@ -463,13 +501,9 @@ class KVView:
         softmax; the others receive them concatenated. Caches that store something other
         than plain keys and values (quantized codes) return a view that overrides this.
         """
-        segments = [(self.keys, self.values, self.positions)]
-        if self.new_keys is not None:
-            segments.append((self.new_keys, self.new_values, self.new_positions))
-        segments = [(k.astype(dtype), v.astype(dtype), p) for k, v, p in segments]
-        if impl == "xla" and len(segments) > 1:
-            _check_attention_inputs(query, *segments[0][:2], query_positions, segments[0][2])
-            for keys, values, positions in segments[1:]:
+        segments = [(k.astype(dtype), v.astype(dtype), p) for k, v, p in self.segments()]
+        if (impl == "xla" and len(segments) > 1) or self.positions.ndim == 3:
+            for keys, values, positions in segments:
                 _check_attention_inputs(query, keys, values, query_positions, positions)
             return attention_segments(
                 query,
@@ -490,6 +524,49 @@ class KVView:
             window=window,
             alibi_slopes=alibi_slopes,
         )
+
+    def segments(self) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+        """``(keys, values, positions)`` of what is held, then of this call's keys."""
+        segments = [(self.keys, self.values, self.positions)]
+        if self.new_keys is not None:
+            segments.append((self.new_keys, self.new_values, self.new_positions))
+        return segments
+
+    def probabilities(
+        self,
+        query: jax.Array,
+        query_positions: jax.Array,
+        probe: jax.Array,
+        *,
+        window: int | None,
+        alibi_slopes: jax.Array | np.ndarray | None = None,
+    ) -> jax.Array:
+        """The attention probabilities of the queries ``probe`` picks, in float32.
+
+        Args:
+            query: ``[B, T, N, H]``, as passed to ``attend``.
+            query_positions: int ``[B, T]``.
+            probe: int ``[B, Q]``, indices into ``T``.
+            window: as for ``attend``.
+            alibi_slopes: as for ``attend``.
+
+        Returns:
+            float32 ``[B, N, Q, S + T']``: over the held keys then this call's keys
+            (``T'`` = 0 when ``new_keys`` is ``None``), as ``attend`` weighs them.
+        """
+        picked = jnp.take_along_axis(query, probe[:, :, None, None], axis=1)
+        picked_positions = jnp.take_along_axis(query_positions, probe, axis=1)
+        weights = segment_weights(
+            picked,
+            self.segments(),
+            picked_positions,
+            scale=query.shape[-1] ** -0.5,
+            window=window,
+            alibi_slopes=alibi_slopes,
+        )
+        probs = jnp.concatenate(weights, axis=-1)  # [B, K, G, Q, S + T']
+        batch, num_kv_heads, group, length, keys = probs.shape
+        return probs.reshape(batch, num_kv_heads * group, length, keys)
 
 
 class LayerWriter(Protocol):
@@ -527,6 +604,10 @@ class LayerCache:
     layers: Any
     layer: Any
 
+    def view(self, keys: jax.Array, values: jax.Array) -> KVView:
+        """What this layer attends to with this call's ``keys`` / ``values``."""
+        return self.writer.read(self.layers, self.layer, keys, values)
+
     def attend(
         self,
         query: jax.Array,
@@ -546,7 +627,7 @@ class LayerCache:
         attention output, so XLA updates the stored arrays in place: a reader of the
         updated array (or one unordered with the update) makes it copy the layer.
         """
-        view = self.writer.read(self.layers, self.layer, keys, values)
+        view = self.view(keys, values)
         attended = view.attend(
             query, query_positions, impl=impl, window=window, dtype=dtype, alibi_slopes=alibi_slopes
         )
@@ -604,7 +685,11 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, positions: jax.Array, cache: LayerCache | None = None
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        cache: LayerCache | None = None,
+        probe: jax.Array | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
         """Attends the tokens of ``x`` to themselves, or to the cache they are appended to.
 
@@ -612,6 +697,10 @@ class Attention(nn.Module):
             x: ``[B, T, D]``.
             positions: int ``[B, T]`` positions of the tokens of ``x`` (negative: padding).
             cache: ``None`` for a plain forward pass, or this layer's ``LayerCache``.
+            probe: ``None``, or int ``[B, Q]`` indices into ``T``: the attention
+                probabilities of those queries are sown as ``intermediates`` /
+                ``attention_probs``, float32 ``[B, N, Q, S]`` over the keys of
+                ``KVView.probabilities`` (the cache's, then this call's).
 
         Returns:
             ``(y, cache)``: ``y`` ``[B, T, D]`` and the updated handle (``None`` without
@@ -654,6 +743,16 @@ class Attention(nn.Module):
         key = nn.with_logical_constraint(key, kv_axes)
         value = nn.with_logical_constraint(value, kv_axes)
 
+        if probe is not None:
+            view = KVView(key, value, positions) if cache is None else cache.view(key, value)
+            probs = view.probabilities(
+                query.astype(self.dtype),
+                positions,
+                probe,
+                window=self.window,
+                alibi_slopes=settings.get("alibi_slopes"),
+            )
+            self.sow("intermediates", "attention_probs", probs)
         if cache is None and self.banded:
             if self.window is None:
                 raise ValueError("banded attention needs a window")

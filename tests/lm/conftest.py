@@ -80,9 +80,25 @@ def _index_tree(tree, i):
 
 
 def forward(
-    config, params, tokens, positions=None, *, window=None, residual_add=None, attention_add=None
+    config,
+    params,
+    tokens,
+    positions=None,
+    *,
+    window=None,
+    residual_add=None,
+    attention_add=None,
+    inputs=None,
+    key_mask=None,
+    masked_from=0,
+    probs=None,
 ):
     """Logits [T, V] (float64) of one sequence of token ids [T].
+
+    ``inputs``: [T, D] input embeddings used instead of the tokens' (rows of NaN keep
+    the token's). ``key_mask``: {layer: bool [K, T]}, the keys each key/value head of
+    that layer may attend to from the queries at indices ``>= masked_from``. ``probs``:
+    a dict filled with {layer: [N, T, T]}, the attention probabilities (query, key).
 
     ``window``: a query at index t sees keys at indices (t - window, t]. ``residual_add`` /
     ``attention_add``: {layer: vector [D] or [T, D]} added to the residual stream after
@@ -101,6 +117,10 @@ def forward(
     )
     embedding = as64(params["embed"]["embedding"])
     x = embedding[tokens]
+    if inputs is not None:
+        inputs = as64(inputs)
+        x = np.where(np.isnan(inputs), x, inputs)
+    key_mask = key_mask or {}
     group = config.num_heads // config.num_kv_heads
     norm = layer_norm if getattr(config, "norm_type", "rmsnorm") == "layernorm" else rms_norm
     for layer in range(config.num_layers):
@@ -119,13 +139,18 @@ def forward(
                 v = v + as64(att["value"]["bias"])[kv_head]
             q, k = rotate(q, positions, freqs), rotate(k, positions, freqs)
             out = np.zeros_like(q)
+            seen = np.asarray(key_mask.get(layer, np.ones((config.num_kv_heads, length), bool)))
             for t in range(length):
                 first = 0 if window is None else max(0, t - window + 1)
-                scores = np.array([q[t] @ k[s] for s in range(first, t + 1)])
+                keys = [s for s in range(first, t + 1) if t < masked_from or seen[kv_head, s]]
+                scores = np.array([q[t] @ k[s] for s in keys])
                 scores = scores / math.sqrt(config.head_dim)
                 weights = np.exp(scores - scores.max())
                 weights /= weights.sum()
-                out[t] = weights @ v[first : t + 1]
+                out[t] = weights @ v[keys]
+                if probs is not None:
+                    probs.setdefault(layer, np.zeros((config.num_heads, length, length)))
+                    probs[layer][n, t, keys] = weights
             head_outputs.append(out @ as64(att["out"]["kernel"])[n])
         attended = sum(head_outputs)
         if layer in attention_add:
