@@ -1,0 +1,35 @@
+"""EMLoC (Ma et al., ICML 2025): many-shot demonstrations compressed chunk by chunk, each
+layer pruned as far as a Jensen-Shannon bound on the answers allows.
+
+* ``compress``: the compression (``EMLoCConfig``; ``Example`` is one demonstration,
+  tokens and optional input embeddings such as image patches);
+* ``LayerwiseMemory``: the compressed context as a cache of the ``lhc.lm`` protocol
+  (every layer and key/value head keeps its own tokens), so that ``lhc.lm.generate``
+  answers queries on it.
+"""
+
+from lhc.emloc.compress import (
+    Compression,
+    EMLoCConfig,
+    Example,
+    LayerDecision,
+    compress,
+    importance,
+    js_divergence,
+    top_tokens,
+)
+from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
+
+__all__ = [
+    "Compression",
+    "EMLoCConfig",
+    "Example",
+    "LayerDecision",
+    "LayerwiseMemory",
+    "append_kept",
+    "compress",
+    "empty_memory",
+    "importance",
+    "js_divergence",
+    "top_tokens",
+]

@@ -1,0 +1,456 @@
+"""EMLoC's context compression: chunk by chunk, layer by layer, under a JS bound.
+
+For each chunk of demonstrations (``EMLoCConfig.chunk_size`` examples):
+
+1. the chunk is prefilled after the memory so far (every kept token visible, positions
+   continuing after every token seen, pruned or not);
+2. each of the chunk's examples is fed again, one per row, after the memory and the
+   whole chunk: the *teacher* pass. It gives the distributions of the answer tokens,
+   the residual stream entering every layer, and the attention probabilities of the
+   queries that predict answer tokens;
+3. the importance of each chunk token in layer ``l`` and key/value head ``k``: those
+   probabilities, renormalised over the chunk and the row's own tokens (the memory left
+   out), summed over the queries and over the query heads of the group, average-pooled
+   over tokens (kernel ``pool``, zero padding counted), plus ``answer_bonus`` on the
+   chunk's answer tokens;
+4. from the top layer down, keep ratios ``ratios`` are tried in order: each head of the
+   layer keeps its ``floor(C r)`` best tokens, the rows are run again from that layer's
+   stored input (layers above keep their decisions, layers below are still whole), and
+   the first ratio whose mean Jensen-Shannon divergence (natural log, float32) to the
+   teacher over all answer predictions is at most ``delta`` is accepted; if none is,
+   the layer keeps the whole chunk;
+5. the kept tokens join the memory.
+
+Compared with the official code (Qwen2-VL only): the scored queries are the positions
+that *predict* answer tokens (the official code takes the positions of the answer
+tokens of its chat template, which include the newline before the answer); softmax and
+JS run in float32 (there bfloat16); a one-example chunk works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One demonstration (or a query): tokens, some of them replaced by embeddings.
+
+    Attributes:
+        tokens: int ``[n]``.
+        answer: bool ``[n]``: the answer's tokens (what the demonstration teaches).
+        embeddings: ``None`` or float ``[n, D]`` input embeddings (image patches).
+        embedded: ``None`` or bool ``[n]``: where ``embeddings`` replace ``tokens``.
+    """
+
+    tokens: np.ndarray
+    answer: np.ndarray
+    embeddings: np.ndarray | None = None
+    embedded: np.ndarray | None = None
+
+    def __post_init__(self):
+        tokens, answer = np.asarray(self.tokens), np.asarray(self.answer)
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer) or not tokens.size:
+            raise ValueError(f"Example.tokens must be a non-empty int [n], got {tokens.shape}")
+        if answer.shape != tokens.shape or answer.dtype != bool:
+            raise ValueError(f"Example.answer must be bool {tokens.shape}, got {answer.shape}")
+        if (self.embeddings is None) != (self.embedded is None):
+            raise ValueError("Example: give embeddings and embedded together, or neither")
+        if self.embeddings is not None:
+            embeddings, embedded = np.asarray(self.embeddings), np.asarray(self.embedded)
+            if embeddings.ndim != 2 or embeddings.shape[0] != tokens.size:
+                raise ValueError(
+                    f"Example.embeddings must be [n={tokens.size}, D], got {embeddings.shape}"
+                )
+            if embedded.shape != tokens.shape or embedded.dtype != bool:
+                raise ValueError(f"Example.embedded must be bool {tokens.shape}")
+
+    def __len__(self) -> int:
+        return int(np.asarray(self.tokens).size)
+
+
+@dataclasses.dataclass(frozen=True)
+class EMLoCConfig:
+    """EMLoC's settings (defaults: the official image setting).
+
+    Attributes:
+        chunk_size: demonstrations per chunk (official: 4; 20 for ImageNet).
+        ratios: keep ratios tried per layer, in order (each in (0, 1]).
+        delta: the bound on the mean JS divergence of an accepted layer.
+        pool: average-pooling kernel over tokens (odd).
+        answer_bonus: added to the importance of the chunk's answer tokens.
+    """
+
+    chunk_size: int = 4
+    ratios: tuple[float, ...] = (0.1, 0.2, 0.5)
+    delta: float = 0.005
+    pool: int = 5
+    answer_bonus: float = 100.0
+
+    def __post_init__(self):
+        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int):
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size}")
+        if not self.ratios or any(not 0 < r <= 1 for r in self.ratios):
+            raise ValueError(f"ratios must be keep ratios in (0, 1], got {self.ratios}")
+        if not self.delta >= 0:
+            raise ValueError(f"delta must be >= 0, got {self.delta}")
+        if self.pool < 1 or self.pool % 2 == 0:
+            raise ValueError(f"pool must be an odd kernel size >= 1, got {self.pool}")
+
+
+@dataclasses.dataclass
+class LayerDecision:
+    """What one layer kept of one chunk."""
+
+    chunk: int
+    layer: int
+    ratio: float  # 1.0: kept whole
+    kept: int  # tokens per head
+    js: float  # mean JS of the accepted ratio (nan when kept whole)
+    tried: list[tuple[float, float]]  # (ratio, JS) of every trial, in order
+    scores: np.ndarray  # [K, C] the importance of the chunk's tokens
+    tokens: np.ndarray  # [K, kept] the indices (into the chunk) each head keeps
+
+
+@dataclasses.dataclass
+class Compression:
+    """A compressed context and how it was made."""
+
+    memory: LayerwiseMemory
+    decisions: list[LayerDecision]
+    context_tokens: int
+    seconds: float
+
+    def kept_fraction(self) -> float:
+        """Tokens kept over the layers and heads, as a fraction of the context."""
+        return float(np.mean(self.memory.sizes()) / self.context_tokens)
+
+
+# Sequences and rows ---------------------------------------------------------------------
+
+
+def _inputs(examples: Sequence[Example], embed_dim: int):
+    """Concatenated tokens, answer mask, embeddings and embedding mask of ``examples``."""
+    tokens = np.concatenate([np.asarray(e.tokens, np.int32) for e in examples])
+    answer = np.concatenate([np.asarray(e.answer) for e in examples])
+    embeddings = np.zeros((tokens.size, embed_dim), np.float32)
+    embedded = np.zeros(tokens.size, bool)
+    start = 0
+    for e in examples:
+        if e.embeddings is not None:
+            if np.asarray(e.embeddings).shape[1] != embed_dim:
+                raise ValueError(
+                    f"Example embeddings have width {np.asarray(e.embeddings).shape[1]}, the "
+                    f"model's embed_dim is {embed_dim}"
+                )
+            embeddings[start : start + len(e)] = e.embeddings
+            embedded[start : start + len(e)] = e.embedded
+        start += len(e)
+    return tokens, answer, embeddings, embedded
+
+
+def _rows(examples: Sequence[Example], embed_dim: int, first_position: int):
+    """The examples as right-padded rows, and the queries predicting their answers."""
+    width = max(len(e) for e in examples)
+    rows = len(examples)
+    tokens = np.zeros((rows, width), np.int32)
+    positions = np.full((rows, width), -1, np.int32)
+    embeddings = np.zeros((rows, width, embed_dim), np.float32)
+    embedded = np.zeros((rows, width), bool)
+    predicting = []
+    for r, e in enumerate(examples):
+        t, _, emb, mask = _inputs([e], embed_dim)
+        tokens[r, : len(e)], embeddings[r, : len(e)], embedded[r, : len(e)] = t, emb, mask
+        positions[r, : len(e)] = first_position + np.arange(len(e))
+        predicting.append(np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
+    queries = max(1, max(len(p) for p in predicting))
+    probe = np.zeros((rows, queries), np.int32)
+    valid = np.zeros((rows, queries), bool)
+    for r, p in enumerate(predicting):
+        probe[r, : len(p)], valid[r, : len(p)] = p, True
+    if not valid.any():
+        raise ValueError("no example of the chunk has an answer token after its first token")
+    return tokens, positions, embeddings, embedded, probe, valid
+
+
+# The model calls --------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _prefill(model, params, memory, tokens, positions, embeddings, embedded):
+    _, memory = model.apply(
+        {"params": params},
+        tokens,
+        positions,
+        memory,
+        embeddings=embeddings,
+        embedding_mask=embedded,
+        last_only=True,
+    )
+    return memory
+
+
+def _answer_log_probs(logits: jax.Array, probe: jax.Array) -> jax.Array:
+    picked = jnp.take_along_axis(logits, probe[:, :, None], axis=1)
+    return jax.nn.log_softmax(picked.astype(jnp.float32), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _teacher(model, params, memory, tokens, positions, embeddings, embedded, probe):
+    (logits, _), state = model.apply(
+        {"params": params},
+        tokens,
+        positions,
+        memory,
+        embeddings=embeddings,
+        embedding_mask=embedded,
+        probe=probe,
+        mutable=["intermediates"],
+    )
+    inter = state["intermediates"]
+    layers = [inter[f"layers_{i}"] for i in range(model.config.num_layers)]
+    inputs = [layer["layer_input"][0] for layer in layers]
+    probs = [layer["attention"]["attention_probs"][0] for layer in layers]
+    return _answer_log_probs(logits, probe), inputs, probs
+
+
+@functools.partial(jax.jit, static_argnames=("model", "start"))
+def _student(model, params, memory, positions, hidden, probe, *, start):
+    logits, _ = model.apply(
+        {"params": params}, None, positions, memory, embeddings=hidden, start_layer=start
+    )
+    return _answer_log_probs(logits, probe)
+
+
+def js_divergence(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+    """Jensen-Shannon divergence (natural log) of distributions given as log
+    probabilities over the last axis, in float32."""
+    log_p, log_q = log_p.astype(jnp.float32), log_q.astype(jnp.float32)
+    log_m = jnp.logaddexp(log_p, log_q) - jnp.log(2.0)
+    kl = lambda a: jnp.sum(jnp.where(a > -jnp.inf, jnp.exp(a) * (a - log_m), 0.0), axis=-1)
+    return 0.5 * (kl(log_p) + kl(log_q))
+
+
+def importance(
+    probs: np.ndarray,
+    valid: np.ndarray,
+    chunk_slots: slice,
+    own_slots: slice,
+    num_kv_heads: int,
+    answer: np.ndarray,
+    pool: int,
+    answer_bonus: float,
+) -> np.ndarray:
+    """EMLoC's importance of each chunk token for one layer.
+
+    Args:
+        probs: float ``[R, N, Q, S]``, the probed attention probabilities of the rows.
+        valid: bool ``[R, Q]``: which probed queries predict an answer token.
+        chunk_slots: the columns of the chunk's tokens.
+        own_slots: the columns of the rows' own tokens.
+        num_kv_heads: K.
+        answer: bool ``[C]``: the chunk's answer tokens.
+        pool: average-pooling kernel (zero padding counted).
+        answer_bonus: added on answer tokens.
+
+    Returns:
+        float64 ``[K, C]``.
+    """
+    probs = np.asarray(probs, np.float64)
+    chunk = probs[..., chunk_slots]
+    total = chunk.sum(-1, keepdims=True) + probs[..., own_slots].sum(-1, keepdims=True)
+    chunk = np.where(total > 0, chunk / np.where(total > 0, total, 1), 0)
+    summed = np.einsum("rnqc,rq->nc", chunk, valid.astype(np.float64))  # [N, C]
+    grouped = summed.reshape(num_kv_heads, -1, summed.shape[-1]).sum(1)  # [K, C]
+    half = pool // 2
+    padded = np.pad(grouped, ((0, 0), (half, half)))
+    pooled = sum(padded[:, i : i + grouped.shape[1]] for i in range(pool)) / pool
+    return pooled + answer_bonus * np.asarray(answer, np.float64)[None]
+
+
+def top_tokens(scores: np.ndarray, count: int) -> np.ndarray:
+    """int ``[K, count]``: each head's ``count`` highest-scoring tokens (ties: earlier
+    tokens first)."""
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    return order[:, :count]
+
+
+# Compression ------------------------------------------------------------------------------
+
+
+def _with_kept(memory: LayerwiseMemory, layer: int, offset: int, kept: np.ndarray | None):
+    """``memory`` with layer ``layer``'s chunk slots ``offset:`` reduced to ``kept`` per
+    head (``None``: all of them)."""
+    if kept is None:
+        return memory
+    positions = np.asarray(memory.positions[layer])
+    chunk = positions[:, :, offset:]
+    mask = np.zeros(chunk.shape[1:], bool)
+    np.put_along_axis(mask, kept, True, axis=-1) if kept.size else None
+    chunk = np.where(mask[None], chunk, -1)
+    positions = np.concatenate([positions[:, :, :offset], chunk], axis=-1)
+    layers = list(memory.positions)
+    layers[layer] = jnp.asarray(positions)
+    return memory.replace(positions=tuple(layers))
+
+
+def compress(
+    model: Any,
+    params: Any,
+    examples: Sequence[Example],
+    config: EMLoCConfig = EMLoCConfig(),
+    *,
+    memory: LayerwiseMemory | None = None,
+) -> Compression:
+    """Compresses ``examples`` into a ``LayerwiseMemory`` with EMLoC.
+
+    Args:
+        model: an ``lhc.lm.Transformer`` with ``scan_layers=False``.
+        params: its parameters.
+        examples: the demonstrations, in order.
+        config: ``EMLoCConfig``.
+        memory: a memory of one sequence to continue (default: an empty one).
+
+    Returns:
+        The ``Compression``: the memory (one sequence; ``broadcast`` it for a batch) and
+        every layer's decision.
+    """
+    cfg = model.config
+    if not examples:
+        raise ValueError("compress: no examples")
+    if config.chunk_size > len(examples):
+        raise ValueError(
+            f"compress: chunk_size {config.chunk_size} is larger than the context "
+            f"({len(examples)} examples)"
+        )
+    began = time.perf_counter()
+    memory = empty_memory(cfg) if memory is None else memory
+    context = sum(len(e) for e in examples)
+    decisions = []
+    chunks = [
+        examples[i : i + config.chunk_size] for i in range(0, len(examples), config.chunk_size)
+    ]
+    for index, chunk in enumerate(chunks):
+        memory, chunk_decisions = _compress_chunk(model, params, memory, chunk, config, index)
+        decisions += chunk_decisions
+    return Compression(memory, decisions, context, time.perf_counter() - began)
+
+
+def _compress_chunk(model, params, memory, chunk, config, index):
+    cfg = model.config
+    tokens, answer, embeddings, embedded = _inputs(chunk, cfg.embed_dim)
+    length = tokens.size
+    first = int(np.asarray(memory.next_positions())[0])
+    last = first + length + max(len(e) for e in chunk)
+    if last > cfg.max_len:
+        raise ValueError(
+            f"compress: the context and its re-fed examples reach position {last}, beyond "
+            f"the model's max_len {cfg.max_len}"
+        )
+    positions = first + np.arange(length, dtype=np.int32)
+    filled = _prefill(
+        model,
+        params,
+        memory.with_tail(cfg, length),
+        jnp.asarray(tokens[None]),
+        jnp.asarray(positions[None]),
+        jnp.asarray(embeddings[None]),
+        jnp.asarray(embedded[None]),
+    )
+    everything = np.tile(np.arange(length), (cfg.num_kv_heads, 1))
+    combined = append_kept(
+        memory,
+        [k[:, :, :length] for k in filled.tail.keys],
+        [v[:, :, :length] for v in filled.tail.values],
+        positions,
+        [everything] * cfg.num_layers,
+        start=first + length,
+    )
+    offsets = [int(np.sum(np.asarray(p)[0, 0] >= 0)) for p in memory.positions]
+
+    rows, row_positions, row_embeddings, row_embedded, probe, valid = _rows(
+        chunk, cfg.embed_dim, first + length
+    )
+    width = rows.shape[1]
+    batch = combined.broadcast(len(chunk)).with_tail(cfg, width)
+    probe_j, valid_j = jnp.asarray(probe), jnp.asarray(valid)
+    teacher, inputs, probs = _teacher(
+        model,
+        params,
+        batch,
+        jnp.asarray(rows),
+        jnp.asarray(row_positions),
+        jnp.asarray(row_embeddings),
+        jnp.asarray(row_embedded),
+        probe_j,
+    )
+
+    def mean_js(candidate, layer):
+        student = _student(
+            model, params, candidate, jnp.asarray(row_positions), inputs[layer], probe_j,
+            start=layer,
+        )  # fmt: skip
+        js = js_divergence(teacher, student)
+        return float(jnp.sum(jnp.where(valid_j, js, 0.0)) / jnp.sum(valid_j))
+
+    decisions, kept = [], {}
+    for layer in reversed(range(cfg.num_layers)):
+        slots = combined.positions[layer].shape[-1]
+        offset = offsets[layer]
+        scores = importance(
+            probs[layer],
+            valid,
+            slice(offset, offset + length),
+            slice(slots + width, slots + 2 * width),
+            cfg.num_kv_heads,
+            answer,
+            config.pool,
+            config.answer_bonus,
+        )
+        tried, accepted = [], None
+        for ratio in config.ratios:
+            count = int(length * ratio)
+            if count < 1:
+                tried.append((ratio, float("nan")))
+                continue
+            top = top_tokens(scores, count)
+            candidate = _with_kept(batch, layer, offset, top)
+            js = mean_js(candidate, layer)
+            tried.append((ratio, js))
+            if js <= config.delta:
+                accepted = (ratio, top, js)
+                break
+        if accepted is None:
+            kept[layer] = everything
+            decisions.append(
+                LayerDecision(index, layer, 1.0, length, float("nan"), tried, scores, everything)
+            )
+        else:
+            ratio, top, js = accepted
+            kept[layer] = top
+            batch = _with_kept(batch, layer, offset, top)
+            decisions.append(
+                LayerDecision(index, layer, ratio, top.shape[1], js, tried, scores, top)
+            )
+
+    memory = append_kept(
+        memory,
+        [k[:, :, :length] for k in filled.tail.keys],
+        [v[:, :, :length] for v in filled.tail.values],
+        positions,
+        [kept[layer] for layer in range(cfg.num_layers)],
+        start=first + length,
+    )
+    return memory, decisions[::-1]

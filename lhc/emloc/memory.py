@@ -1,0 +1,255 @@
+"""A compressed context as a cache: every layer and key/value head keeps its own tokens.
+
+EMLoC (and the pruning baselines) keep, in layer ``l``, ``n_l`` tokens of the context
+per key/value head: the same count for every head of a layer, not the same tokens.
+``LayerwiseMemory`` holds them, with their original positions (keys keep the rotation of
+the position they were computed at), and appends new tokens after them in an ordinary
+``lhc.lm.KVCache`` (the *tail*): it follows the cache protocol of ``lhc.lm.cache``, so
+``lhc.lm.generate`` answers a query on it. Attention reads the memory through a
+``KVView`` whose key positions are per head (``[B, K, S]``), masked like any other.
+
+A memory's arrays may be longer than what it holds (slots at position -1 are empty, so
+that a growing memory keeps its shapes, and compiled programs, for a while); ``sizes``
+counts what is held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.sharding import PartitionSpec
+
+from lhc.lm.cache import CACHE_LAYER_KV_AXES, KVCache, init_cache
+from lhc.nn.attention import KVView
+
+# Memory slots are allocated in multiples of this, so that a memory growing chunk by
+# chunk reuses compiled programs.
+SLOT_BUCKET = 64
+
+
+@struct.dataclass
+class _MemoryWriter:
+    tail: Any  # the tail's writer for this call
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    positions: tuple[jax.Array, ...]
+
+    def read(self, layers, layer, keys, values) -> KVView:
+        view = self.tail.read(layers, layer, keys, values)
+        held_keys = jnp.swapaxes(self.keys[layer], 1, 2)  # [B, M, K, H]
+        held_values = jnp.swapaxes(self.values[layer], 1, 2)
+        heads = held_keys.shape[2]
+        tail_positions = jnp.broadcast_to(
+            view.positions[:, None, :], (view.positions.shape[0], heads, view.positions.shape[1])
+        )
+        return KVView(
+            keys=jnp.concatenate([held_keys, view.keys.astype(held_keys.dtype)], axis=1),
+            values=jnp.concatenate([held_values, view.values.astype(held_values.dtype)], axis=1),
+            positions=jnp.concatenate([self.positions[layer], tail_positions], axis=-1),
+            new_keys=view.new_keys,
+            new_values=view.new_values,
+            new_positions=view.new_positions,
+        )
+
+    def write(self, layers, layer, keys, values, *, after):
+        return self.tail.write(layers, layer, keys, values, after=after)
+
+
+@struct.dataclass
+class LayerwiseMemory:
+    """Kept context tokens per layer and key/value head, then appended tokens.
+
+    Attributes:
+        keys: per layer ``[B, K, M_l, H]``, the kept keys (as computed, rotated).
+        values: per layer ``[B, K, M_l, H]``.
+        positions: per layer int32 ``[B, K, M_l]``: the position of each kept token,
+            -1 for an empty slot.
+        start: int32 ``[B]``: the position after the compressed context (positions of
+            appended tokens continue from it, whatever was pruned).
+        tail: a ``KVCache`` (tuple layout) of the tokens appended since.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    positions: tuple[jax.Array, ...]
+    start: jax.Array
+    tail: KVCache
+
+    # The cache protocol -------------------------------------------------------------
+
+    @property
+    def lengths(self) -> jax.Array:
+        """int32 ``[B]``: tokens appended after the memory (padding included)."""
+        return self.tail.lengths
+
+    @property
+    def capacity(self) -> int:
+        return self.tail.capacity
+
+    def truncate(self, new_lengths) -> LayerwiseMemory:
+        return self.replace(tail=self.tail.truncate(new_lengths))
+
+    def truncate_at_position(self, positions) -> LayerwiseMemory:
+        return self.replace(tail=self.tail.truncate_at_position(positions))
+
+    def next_positions(self) -> jax.Array:
+        return jnp.maximum(self.tail.next_positions(), self.start)
+
+    def can_append(self, num_tokens: int) -> jax.Array:
+        return self.tail.can_append(num_tokens)
+
+    def validate_append(self, batch_size: int, num_tokens: int) -> None:
+        self.tail.validate_append(batch_size, num_tokens)
+
+    def logical_axes(self) -> LayerwiseMemory:
+        per_layer = lambda: tuple(PartitionSpec(*CACHE_LAYER_KV_AXES) for _ in self.keys)
+        return LayerwiseMemory(
+            keys=per_layer(),
+            values=per_layer(),
+            positions=tuple(
+                PartitionSpec("cache_batch", "cache_kv_heads", "cache_len") for _ in self.keys
+            ),
+            start=PartitionSpec("cache_batch"),
+            tail=self.tail.logical_axes(),
+        )
+
+    def begin_update(self, positions: jax.Array):
+        writer, layers = self.tail.begin_update(positions)
+        return _MemoryWriter(writer, self.keys, self.values, self.positions), layers
+
+    def finish_update(self, writer: _MemoryWriter, layers) -> LayerwiseMemory:
+        return self.replace(tail=self.tail.finish_update(writer.tail, layers))
+
+    # The memory itself --------------------------------------------------------------
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.start.shape[0])
+
+    def sizes(self) -> np.ndarray:
+        """int ``[L]``: tokens held per key/value head in each layer (of sequence 0)."""
+        return np.array([int(np.sum(np.asarray(p)[0, 0] >= 0)) for p in self.positions])
+
+    def nbytes(self) -> int:
+        """Bytes of the keys and values held (all sequences, heads and layers), as a
+        store without empty slots would take them."""
+        total = 0
+        for keys, positions in zip(self.keys, self.positions):
+            held = int(np.sum(np.asarray(positions) >= 0))
+            total += 2 * held * keys.shape[-1] * keys.dtype.itemsize
+        return total
+
+    def with_tail(self, config, slots: int) -> LayerwiseMemory:
+        """This memory with an empty tail of ``slots`` slots per sequence."""
+        return self.replace(tail=init_cache(config, self.batch_size, slots))
+
+    def broadcast(self, batch_size: int) -> LayerwiseMemory:
+        """A memory of one sequence repeated for ``batch_size`` (its tail emptied to the
+        same number of slots)."""
+        if self.batch_size != 1:
+            raise ValueError(f"broadcast needs a memory of one sequence, got {self.batch_size}")
+        repeat = lambda x: jnp.repeat(x, batch_size, axis=0)
+        return LayerwiseMemory(
+            keys=tuple(repeat(k) for k in self.keys),
+            values=tuple(repeat(v) for v in self.values),
+            positions=tuple(repeat(p) for p in self.positions),
+            start=repeat(self.start),
+            tail=_empty_like(self.tail, batch_size),
+        )
+
+
+def empty_memory(config, batch_size: int = 1, tail_slots: int = 1) -> LayerwiseMemory:
+    """A memory holding nothing, for a model of ``config`` (``scan_layers=False``)."""
+    if getattr(config, "scan_layers", False):
+        raise ValueError(
+            "a LayerwiseMemory keeps a different number of tokens in every layer: it needs "
+            "a model that loops over its layers (scan_layers=False)"
+        )
+    shape = (batch_size, config.num_kv_heads, 0, config.head_dim)
+    dtype = jnp.dtype(config.dtype)
+    layers = range(config.num_layers)
+    return LayerwiseMemory(
+        keys=tuple(jnp.zeros(shape, dtype) for _ in layers),
+        values=tuple(jnp.zeros(shape, dtype) for _ in layers),
+        positions=tuple(jnp.zeros(shape[:3], jnp.int32) for _ in layers),
+        start=jnp.zeros((batch_size,), jnp.int32),
+        tail=init_cache(config, batch_size, tail_slots),
+    )
+
+
+def padded_slots(count: int) -> int:
+    """``count`` rounded up to a multiple of ``SLOT_BUCKET``."""
+    return max(SLOT_BUCKET, SLOT_BUCKET * math.ceil(count / SLOT_BUCKET))
+
+
+def append_kept(
+    memory: LayerwiseMemory,
+    keys: Sequence[jax.Array],
+    values: Sequence[jax.Array],
+    positions: jax.Array,
+    kept: Sequence[np.ndarray],
+    start: int,
+) -> LayerwiseMemory:
+    """The memory with, in every layer, the kept tokens of a new span appended.
+
+    Args:
+        memory: a memory of one sequence.
+        keys: per layer ``[1, K, C, H]``, the span's keys.
+        values: per layer ``[1, K, C, H]``.
+        positions: int ``[C]``, the span's positions.
+        kept: per layer int ``[K, n_l]``, indices into ``C`` of the tokens each head
+            keeps (the same count ``n_l`` for every head of a layer).
+        start: the position after the span.
+
+    Returns:
+        A memory whose layer ``l`` holds its old tokens and the ``n_l`` new ones per head,
+        in slots rounded up to a multiple of ``SLOT_BUCKET``; its tail is emptied.
+    """
+    if memory.batch_size != 1:
+        raise ValueError(f"append_kept needs a memory of one sequence, got {memory.batch_size}")
+    positions = np.asarray(positions)
+    new_keys, new_values, new_positions = [], [], []
+    for layer in range(memory.num_layers):
+        index = np.sort(np.asarray(kept[layer]), axis=-1)  # [K, n]
+        held = np.asarray(memory.positions[layer])[0]  # [K, M]
+        count = int(np.sum(held[0] >= 0))
+        heads, n = index.shape
+        slots = padded_slots(count + n)
+        position_block = np.full((heads, slots), -1, np.int32)
+        position_block[:, :count] = held[:, :count]
+        position_block[:, count : count + n] = positions[index]
+        new_keys.append(_grown(memory.keys[layer], keys[layer], count, index, slots))
+        new_values.append(_grown(memory.values[layer], values[layer], count, index, slots))
+        new_positions.append(jnp.asarray(position_block)[None])
+    return memory.replace(
+        keys=tuple(new_keys),
+        values=tuple(new_values),
+        positions=tuple(new_positions),
+        start=jnp.asarray([start], jnp.int32),
+        tail=_empty_like(memory.tail, 1),
+    )
+
+
+def _grown(old, new, count: int, index: np.ndarray, slots: int) -> jax.Array:
+    """``[1, K, slots, H]``: the ``count`` held entries of ``old``, then the entries
+    ``index [K, n]`` of ``new [1, K, C, H]``, then empty slots."""
+    taken = jnp.take_along_axis(new[0], jnp.asarray(index)[:, :, None], axis=1)
+    block = jnp.concatenate([old[0, :, :count], taken.astype(old.dtype)], axis=1)
+    pad = jnp.zeros((block.shape[0], slots - block.shape[1], block.shape[-1]), block.dtype)
+    return jnp.concatenate([block, pad], axis=1)[None]
+
+
+def _empty_like(tail: KVCache, batch_size: int) -> KVCache:
+    """An empty ``KVCache`` of ``tail``'s shapes for ``batch_size`` sequences."""
+    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros((batch_size, *x.shape[1:]), x.dtype), tail)
+    return zeros.replace(positions=jnp.full((batch_size, tail.capacity), -1, jnp.int32))
