@@ -5,9 +5,12 @@ layer pruned as far as a Jensen-Shannon bound on the answers allows.
   tokens and optional input embeddings such as image patches);
 * ``LayerwiseMemory``: the compressed context as a cache of the ``lhc.lm`` protocol
   (every layer and key/value head keeps its own tokens), so that ``lhc.lm.generate``
-  answers queries on it.
+  answers queries on it;
+* ``baselines``: uniform pruning and SnapKV-style attention-score pruning into the same
+  memory.
 """
 
+from lhc.emloc import baselines
 from lhc.emloc.compress import (
     Compression,
     EMLoCConfig,
@@ -15,6 +18,7 @@ from lhc.emloc.compress import (
     LayerDecision,
     compress,
     importance,
+    join_examples,
     js_divergence,
     top_tokens,
 )
@@ -27,9 +31,11 @@ __all__ = [
     "LayerDecision",
     "LayerwiseMemory",
     "append_kept",
+    "baselines",
     "compress",
     "empty_memory",
     "importance",
+    "join_examples",
     "js_divergence",
     "top_tokens",
 ]

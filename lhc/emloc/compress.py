@@ -141,7 +141,7 @@ class Compression:
 # Sequences and rows ---------------------------------------------------------------------
 
 
-def _inputs(examples: Sequence[Example], embed_dim: int):
+def join_examples(examples: Sequence[Example], embed_dim: int):
     """Concatenated tokens, answer mask, embeddings and embedding mask of ``examples``."""
     tokens = np.concatenate([np.asarray(e.tokens, np.int32) for e in examples])
     answer = np.concatenate([np.asarray(e.answer) for e in examples])
@@ -171,7 +171,7 @@ def _rows(examples: Sequence[Example], embed_dim: int, first_position: int):
     embedded = np.zeros((rows, width), bool)
     predicting = []
     for r, e in enumerate(examples):
-        t, _, emb, mask = _inputs([e], embed_dim)
+        t, _, emb, mask = join_examples([e], embed_dim)
         tokens[r, : len(e)], embeddings[r, : len(e)], embedded[r, : len(e)] = t, emb, mask
         positions[r, : len(e)] = first_position + np.arange(len(e))
         predicting.append(np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
@@ -350,7 +350,7 @@ def compress(
 
 def _compress_chunk(model, params, memory, chunk, config, index):
     cfg = model.config
-    tokens, answer, embeddings, embedded = _inputs(chunk, cfg.embed_dim)
+    tokens, answer, embeddings, embedded = join_examples(chunk, cfg.embed_dim)
     length = tokens.size
     first = int(np.asarray(memory.next_positions())[0])
     last = first + length + max(len(e) for e in chunk)
