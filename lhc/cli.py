@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 BENCHMARKS = {
+    "emloc": "lhc.emloc.bench:main",
     "gca": "lhc.gca.bench:main",
     "lm-decode": "lhc.lm.bench:main",
     "nolima": "lhc.nolima.bench:main",

@@ -161,7 +161,7 @@ def join_examples(examples: Sequence[Example], embed_dim: int):
     return tokens, answer, embeddings, embedded
 
 
-def _rows(examples: Sequence[Example], embed_dim: int, first_position: int):
+def _rows(examples: Sequence[Example], embed_dim: int, first_position: int, probe: bool = True):
     """The examples as right-padded rows, and the queries predicting their answers."""
     width = max(len(e) for e in examples)
     rows = len(examples)
@@ -176,13 +176,13 @@ def _rows(examples: Sequence[Example], embed_dim: int, first_position: int):
         positions[r, : len(e)] = first_position + np.arange(len(e))
         predicting.append(np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
     queries = max(1, max(len(p) for p in predicting))
-    probe = np.zeros((rows, queries), np.int32)
+    picked = np.zeros((rows, queries), np.int32)
     valid = np.zeros((rows, queries), bool)
     for r, p in enumerate(predicting):
-        probe[r, : len(p)], valid[r, : len(p)] = p, True
-    if not valid.any():
+        picked[r, : len(p)], valid[r, : len(p)] = p, True
+    if probe and not valid.any():
         raise ValueError("no example of the chunk has an answer token after its first token")
-    return tokens, positions, embeddings, embedded, probe, valid
+    return tokens, positions, embeddings, embedded, picked, valid
 
 
 # The model calls --------------------------------------------------------------------------
@@ -454,3 +454,42 @@ def _compress_chunk(model, params, memory, chunk, config, index):
         start=first + length,
     )
     return memory, decisions[::-1]
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _query_logits(model, params, memory, tokens, positions, embeddings, embedded, last):
+    logits, _ = model.apply(
+        {"params": params},
+        tokens,
+        positions,
+        memory,
+        embeddings=embeddings,
+        embedding_mask=embedded,
+    )
+    return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+
+
+def next_token_logits(
+    model: Any, params: Any, memory: LayerwiseMemory, queries: Sequence[Example]
+) -> jax.Array:
+    """float32 ``[Q, V]``: the logits after each query, each read on ``memory`` (a
+    memory of one sequence) in a batch of its own row."""
+    if not queries:
+        raise ValueError("next_token_logits: no queries")
+    cfg = model.config
+    start = int(np.asarray(memory.next_positions())[0])
+    tokens, positions, embeddings, embedded, _, _ = _rows(
+        queries, cfg.embed_dim, start, probe=False
+    )
+    last = np.array([len(q) - 1 for q in queries], np.int32)
+    batch = memory.broadcast(len(queries)).with_tail(cfg, tokens.shape[1])
+    return _query_logits(
+        model,
+        params,
+        batch,
+        jnp.asarray(tokens),
+        jnp.asarray(positions),
+        jnp.asarray(embeddings),
+        jnp.asarray(embedded),
+        jnp.asarray(last),
+    )

@@ -1,0 +1,154 @@
+"""``lhc bench emloc``: many-shot accuracy against kept context, EMLoC and its baselines.
+
+On a model trained with ``configs/emloc_manyshot.py`` (text or images)::
+
+    lhc bench emloc --workdir /tmp/emloc/text --shots 40 --episodes 8 --queries 20 \
+        --chunk-size 10 --deltas 0.001,0.005,0.05
+
+Per episode (fresh labels, keywords or prototypes): the demonstrations are compressed
+with EMLoC at each ``delta``; uniform pruning, SnapKV-style pruning and *fewer shots*
+(the last demonstrations, whole, as many tokens as EMLoC kept) get the same budget:
+EMLoC's kept fraction of that episode and delta. Every method answers the same queries
+on its memory (greedy next token = the label). Rows: accuracy, kept fraction, memory of
+the kept keys and values, seconds of the compression step (after a first, compiling,
+episode that is not timed), per method and delta, means over the episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import jax
+import numpy as np
+
+from lhc import lm
+from lhc.emloc import baselines
+from lhc.emloc.compress import EMLoCConfig, compress, next_token_logits
+from lhc.emloc.manyshot import ManyShot, PatchLM, episode, with_embeddings
+
+
+def _accuracy(model, params, memory, queries, answers) -> float:
+    logits = np.asarray(next_token_logits(model, params, memory, queries))
+    return float(np.mean(np.argmax(logits, axis=-1) == answers))
+
+
+def _load(workdir: str):
+    from lhc.train.trainer import restore_params
+
+    exp, params, step = restore_params(None, workdir)
+    model = exp.task.model
+    if not isinstance(model, PatchLM):
+        raise SystemExit(f"--workdir {workdir!r}: not a model of configs/emloc_manyshot.py")
+    fields = dict(exp.config.data)
+    shots = int(fields.pop("shots"))
+    fields.pop("name", None)
+    return model, params, ManyShot(**fields), shots, step
+
+
+def _episode_rows(model, params, task, args, seed) -> list[dict]:
+    """Every method's row for one episode."""
+    lm_model, lm_params = lm.Transformer(model.config), params["lm"]
+    rng = np.random.default_rng(seed)
+    ep = episode(rng, task, args.shots, args.queries)
+    examples = with_embeddings(model, params, ep.demonstrations + ep.queries, ep.features)
+    demos, queries = examples[: args.shots], examples[args.shots :]
+    context = sum(len(d) for d in demos)
+    rows = []
+
+    def row(method, delta, memory, seconds):
+        kept = float(np.mean(memory.sizes()) / context)
+        accuracy = _accuracy(lm_model, lm_params, memory, queries, ep.answers)
+        rows.append(dict(method=method, delta=delta, accuracy=accuracy, kept=kept,
+                         memory_kib=memory.nbytes() / 1024, seconds=seconds))  # fmt: skip
+
+    began = time.perf_counter()
+    full = baselines.uniform_memory(lm_model, lm_params, demos, 1.0)
+    row("full context", None, full, time.perf_counter() - began)
+    for delta in args.deltas:
+        config = EMLoCConfig(chunk_size=args.chunk_size, ratios=args.ratios, delta=delta)
+        compression = compress(lm_model, lm_params, demos, config)
+        row("EMLoC", delta, compression.memory, compression.seconds)
+        keep = max(compression.kept_fraction(), 1 / context)
+        began = time.perf_counter()
+        uniform = baselines.uniform_memory(lm_model, lm_params, demos, keep)
+        row("uniform", delta, uniform, time.perf_counter() - began)
+        began = time.perf_counter()
+        snap = baselines.snapkv_memory(lm_model, lm_params, demos, keep, window=args.window)
+        row("SnapKV-style", delta, snap, time.perf_counter() - began)
+        budget, shots = keep * context, 0
+        while shots < len(demos) and sum(len(d) for d in demos[-(shots + 1) :]) <= budget:
+            shots += 1
+        fewer = baselines.uniform_memory(lm_model, lm_params, demos[-max(shots, 1) :], 1.0)
+        row("fewer shots", delta, fewer, 0.0)
+    return rows
+
+
+def run(args) -> dict:
+    model, params, task, trained_shots, step = _load(args.workdir)
+    args.shots = args.shots or trained_shots
+    print(f"model: {args.workdir} (step {step}), {task.modality}, {args.shots} shots, "
+          f"{args.episodes} episodes x {args.queries} queries; {jax.devices()[0].device_kind}",
+          flush=True)  # fmt: skip
+    return dict(workdir=args.workdir, step=step, **evaluate(model, params, task, args))
+
+
+def evaluate(model: PatchLM, params, task: ManyShot, args) -> dict:
+    """The table (means per method and delta) and every episode's rows."""
+    _episode_rows(model, params, task, args, seed=args.seed - 1)  # compiles; not timed
+    rows = []
+    for index in range(args.episodes):
+        rows += _episode_rows(model, params, task, args, seed=args.seed + index)
+        print(f"episode {index + 1}/{args.episodes} done", flush=True)
+    table = []
+    keys = sorted({(r["method"], r["delta"]) for r in rows}, key=lambda k: (k[1] or 0, k[0]))
+    for method, delta in keys:
+        group = [r for r in rows if r["method"] == method and r["delta"] == delta]
+        table.append(
+            dict(method=method, delta=delta, episodes=len(group),
+                 **{k: float(np.mean([r[k] for r in group]))
+                    for k in ("accuracy", "kept", "memory_kib", "seconds")})
+        )  # fmt: skip
+    print("\n| method | delta | accuracy | kept | memory (KiB) | compression (s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for t in table:
+        delta = "—" if t["delta"] is None else f"{t['delta']:g}"
+        print(f"| {t['method']} | {delta} | {t['accuracy']:.3f} | {t['kept']:.3f} | "
+              f"{t['memory_kib']:.1f} | {t['seconds']:.2f} |")  # fmt: skip
+    return dict(modality=task.modality, shots=args.shots,
+                episodes=args.episodes, queries=args.queries, chunk_size=args.chunk_size,
+                ratios=list(args.ratios), table=table, rows=rows)  # fmt: skip
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lhc bench emloc", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", required=True, help="a model of configs/emloc_manyshot.py")
+    p.add_argument("--shots", type=int, default=0, help="default: the training shots")
+    p.add_argument("--episodes", type=int, default=8)
+    p.add_argument("--queries", type=int, default=20)
+    p.add_argument("--chunk-size", type=int, default=10, help="demonstrations per chunk")
+    p.add_argument("--deltas", type=_floats, default=(0.001, 0.005, 0.05))
+    p.add_argument("--ratios", type=_floats, default=(0.1, 0.2, 0.5))
+    p.add_argument("--window", type=int, default=8, help="SnapKV's observation window")
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--json", default=None, help="write the result here")
+    return p
+
+
+def main(argv: list[str] | None = None):
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    result = run(args)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Many-shot in-context classification, generated: EMLoC's experiment in miniature.
+
+Every sequence is a new episode: ``classes`` classes, each with a label drawn from the
+capital letters and, for ``modality="text"``, ``keywords`` lower-case letters of its
+own, or, for ``modality="image"``, a random binary ``image_size`` x ``image_size``
+prototype. An input is ``input_length`` tokens drawn from its class's keywords (each
+replaced by any lower-case letter with probability ``noise``), or an image: its class's
+prototype with every pixel flipped with probability ``noise``, plus Gaussian noise of
+standard deviation ``pixel_noise``, cut into ``patch`` x ``patch`` patches. A
+demonstration is the input, ``:``, the label and a newline (byte tokens); an image
+input is one placeholder token per patch, whose input embedding a small patch encoder
+computes (``PatchLM``). Which letter names which class, and which keywords or prototype
+it has, is only in the context: the model must learn it there.
+
+``ManyShotTask`` trains a model on sequences of ``shots`` demonstrations, with the loss
+on every label (from the second demonstration of a class on, only the context can tell
+it). ``episode`` makes evaluation episodes: demonstrations and held-out queries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import lm
+from lhc.data.iterators import row_rngs, stack_rows
+from lhc.emloc.compress import Example
+from lhc.train.causal_lm import CausalLMTask, lm_config_from
+from lhc.train.tasks import register_task
+
+COLON, NEWLINE = ord(":"), ord("\n")
+LABELS = np.arange(ord("A"), ord("Z") + 1)
+WORDS = np.arange(ord("a"), ord("z") + 1)
+IMAGE_TOKEN = 259  # after the 256 bytes and ByteTokenizer's three special ids
+VOCAB_SIZE = 260
+
+
+@dataclasses.dataclass(frozen=True)
+class ManyShot:
+    """The episode distribution (see the module docstring)."""
+
+    modality: str = "text"
+    classes: int = 5
+    keywords: int = 3
+    input_length: int = 4
+    noise: float = 0.2
+    image_size: int = 8
+    patch: int = 4
+    pixel_noise: float = 0.3
+
+    def __post_init__(self):
+        if self.modality not in ("text", "image"):
+            raise ValueError(f"modality must be 'text' or 'image', got {self.modality!r}")
+        if not 2 <= self.classes <= len(LABELS):
+            raise ValueError(f"classes must be in [2, {len(LABELS)}], got {self.classes}")
+        if self.modality == "text" and self.classes * self.keywords > len(WORDS):
+            raise ValueError(
+                f"classes x keywords = {self.classes * self.keywords} exceeds the "
+                f"{len(WORDS)} lower-case letters"
+            )
+        if self.image_size % self.patch:
+            raise ValueError(f"patch {self.patch} must divide image_size {self.image_size}")
+        if not 0 <= self.noise < 1:
+            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+
+    @property
+    def patches(self) -> int:
+        return (self.image_size // self.patch) ** 2
+
+    @property
+    def feature_dim(self) -> int:
+        """Per image token: the patch's pixels and a one-hot of its index."""
+        return self.patch * self.patch + self.patches
+
+    @property
+    def demo_length(self) -> int:
+        body = self.input_length if self.modality == "text" else self.patches
+        return body + 3
+
+
+@dataclasses.dataclass
+class Episode:
+    """Demonstrations and queries of one episode."""
+
+    demonstrations: list[Example]
+    queries: list[Example]  # each ends with ":"; its answer is the next token
+    answers: np.ndarray  # int [Q], the label token of each query
+    features: list[np.ndarray]  # per demonstration, then per query: [n, feature_dim]
+
+
+def _class_draws(rng: np.random.Generator, task: ManyShot) -> dict[str, Any]:
+    labels = rng.choice(LABELS, task.classes, replace=False)
+    if task.modality == "text":
+        words = rng.choice(WORDS, task.classes * task.keywords, replace=False)
+        return dict(labels=labels, keywords=words.reshape(task.classes, task.keywords))
+    shape = (task.classes, task.image_size, task.image_size)
+    return dict(labels=labels, prototypes=rng.random(shape) < 0.5)
+
+
+def _input(rng: np.random.Generator, task: ManyShot, draws, label: int):
+    """Tokens ``[n]`` and features ``[n, feature_dim]`` of one input of class ``label``."""
+    if task.modality == "text":
+        tokens = rng.choice(draws["keywords"][label], task.input_length)
+        noisy = rng.random(task.input_length) < task.noise
+        tokens = np.where(noisy, rng.choice(WORDS, task.input_length), tokens)
+        return tokens.astype(np.int32), np.zeros((task.input_length, task.feature_dim), np.float32)
+    image = draws["prototypes"][label] ^ (rng.random(draws["prototypes"][label].shape) < task.noise)
+    image = image.astype(np.float32) * 2 - 1 + task.pixel_noise * rng.normal(size=image.shape)
+    side, p = task.image_size // task.patch, task.patch
+    patches = image.reshape(side, p, side, p).transpose(0, 2, 1, 3).reshape(task.patches, p * p)
+    features = np.concatenate([patches, np.eye(task.patches)], axis=1).astype(np.float32)
+    return np.full(task.patches, IMAGE_TOKEN, np.int32), features
+
+
+def _demonstration(rng, task, draws, label):
+    tokens, features = _input(rng, task, draws, label)
+    tokens = np.concatenate([tokens, [COLON, draws["labels"][label], NEWLINE]]).astype(np.int32)
+    features = np.concatenate([features, np.zeros((3, task.feature_dim), np.float32)])
+    answer = np.zeros(tokens.size, bool)
+    answer[-2] = True
+    return tokens, answer, features
+
+
+def training_row(rng: np.random.Generator, task: ManyShot, shots: int) -> dict[str, np.ndarray]:
+    """One training sequence of ``shots`` demonstrations: ``tokens``, ``targets``,
+    ``weights`` (1 on the labels) and ``features``, each with a leading axis of 1."""
+    draws = _class_draws(rng, task)
+    parts = [_demonstration(rng, task, draws, rng.integers(task.classes)) for _ in range(shots)]
+    tokens = np.concatenate([p[0] for p in parts])
+    answer = np.concatenate([p[1] for p in parts])
+    features = np.concatenate([p[2] for p in parts])
+    return {
+        "tokens": tokens[None, :-1],
+        "targets": tokens[None, 1:],
+        "weights": answer[None, 1:].astype(np.float32),
+        "features": features[None, :-1],
+    }
+
+
+def episode(rng: np.random.Generator, task: ManyShot, shots: int, queries: int) -> Episode:
+    """``shots`` demonstrations (classes balanced, shuffled) and ``queries`` queries."""
+    draws = _class_draws(rng, task)
+    labels = rng.permutation(np.arange(shots) % task.classes)
+    demonstrations, features = [], []
+    for label in labels:
+        tokens, answer, feats = _demonstration(rng, task, draws, label)
+        demonstrations.append(Example(tokens, answer))
+        features.append(feats)
+    query_list, answers = [], []
+    for label in rng.integers(task.classes, size=queries):
+        tokens, feats = _input(rng, task, draws, label)
+        tokens = np.concatenate([tokens, [COLON]]).astype(np.int32)
+        query_list.append(Example(tokens, np.zeros(tokens.size, bool)))
+        features.append(np.concatenate([feats, np.zeros((1, task.feature_dim), np.float32)]))
+        answers.append(draws["labels"][label])
+    return Episode(demonstrations, query_list, np.asarray(answers, np.int32), features)
+
+
+class PatchEncoder(nn.Module):
+    """Patch pixels (and the patch's index, one-hot) to input embeddings: two dense
+    layers with a GELU between."""
+
+    embed_dim: int
+
+    @nn.compact
+    def __call__(self, features: jax.Array) -> jax.Array:
+        hidden = nn.gelu(nn.Dense(self.embed_dim, name="in")(features))
+        return nn.Dense(self.embed_dim, name="out")(hidden)
+
+
+class PatchLM(nn.Module):
+    """An ``lhc.lm.Transformer`` (``lm``) whose image placeholder tokens take their input
+    embeddings from a ``PatchEncoder`` (``encoder``) of per-token ``features``.
+
+    Called like the Transformer (the causal-LM protocol), plus ``features`` ``[B, T, F]``;
+    without them it is the plain Transformer (text only).
+    """
+
+    config: lm.LMConfig
+    image_token: int = IMAGE_TOKEN
+
+    def setup(self):
+        self.lm = lm.Transformer(self.config)
+        self.encoder = PatchEncoder(self.config.embed_dim)
+
+    @nn.nowrap
+    def init_cache(self, batch_size: int, max_len: int):
+        return lm.Transformer(self.config).init_cache(batch_size, max_len)
+
+    def embed_features(self, features: jax.Array) -> jax.Array:
+        return self.encoder(features)
+
+    def __call__(self, tokens, positions, cache=None, *, features=None, **kwargs):
+        if features is None:
+            return self.lm(tokens, positions, cache, **kwargs)
+        return self.lm(
+            tokens,
+            positions,
+            cache,
+            embeddings=self.encoder(features),
+            embedding_mask=tokens == self.image_token,
+            **kwargs,
+        )
+
+
+def with_embeddings(model: PatchLM, params, examples: list[Example], features) -> list[Example]:
+    """``examples`` with their image tokens' input embeddings from the trained encoder."""
+    out = []
+    for example, feats in zip(examples, features):
+        embedded = np.asarray(example.tokens) == model.image_token
+        if not embedded.any():
+            out.append(example)
+            continue
+        embeddings = model.apply(
+            {"params": params}, jnp.asarray(feats), method=PatchLM.embed_features
+        )
+        out.append(Example(example.tokens, example.answer, np.asarray(embeddings), embedded))
+    return out
+
+
+def patch_lm_from_config(model_config) -> PatchLM:
+    """``config.model_factory`` for ``PatchLM``: the fields of ``lhc.lm.LMConfig``."""
+    return PatchLM(lm_config_from(model_config))
+
+
+@register_task("emloc_manyshot")
+class ManyShotTask(CausalLMTask):
+    """Config keys: ``model`` (``lhc.lm.LMConfig`` fields; ``scan_layers=False`` so that
+    EMLoC can compress with the trained model), ``data`` (``name``, ``shots``:
+    demonstrations per training sequence, and the fields of ``ManyShot``), with those
+    of ``CausalLMTask``."""
+
+    def _model_factory_path(self) -> str:
+        return "lhc.emloc.manyshot:patch_lm_from_config"
+
+    def manyshot(self) -> ManyShot:
+        fields = dict(self.config.data)
+        fields.pop("name", None), fields.pop("shots", None)
+        return ManyShot(**fields)
+
+    def _make_batch(self, seed, index, rows):
+        task, shots = self.manyshot(), int(self.config.data.shots)
+        return stack_rows(lambda rng: training_row(rng, task, shots), row_rngs(seed, index, rows))
+
+    def init_params(self, rng):
+        spec = self.batch_spec(1)
+        tokens = jnp.zeros(spec["tokens"].shape, jnp.int32)
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        features = jnp.zeros(spec["features"].shape, jnp.float32)
+        return self.model.init(rng, tokens, positions, features=features)["params"]
+
+    def _logits(self, params, batch, rng=None):
+        tokens = batch["tokens"]
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+        logits, _ = self.model.apply(
+            {"params": params}, tokens, positions, features=batch["features"]
+        )
+        return logits
