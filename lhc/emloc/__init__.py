@@ -7,7 +7,10 @@ layer pruned as far as a Jensen-Shannon bound on the answers allows.
   (every layer and key/value head keeps its own tokens), so that ``lhc.lm.generate``
   answers queries on it;
 * ``baselines``: uniform pruning and SnapKV-style attention-score pruning into the same
-  memory.
+  memory;
+* ``manyshot``: generated many-shot classification (text, and images as patch
+  embeddings from ``PatchLM``'s encoder) and its training task
+  (``configs/emloc_manyshot.py``); ``lhc bench emloc`` (``bench``) compares the methods.
 """
 
 from lhc.emloc import baselines

@@ -7,8 +7,9 @@ prototype. An input is ``input_length`` tokens drawn from its class's keywords (
 replaced by any lower-case letter with probability ``noise``), or an image: its class's
 prototype with every pixel flipped with probability ``noise``, plus Gaussian noise of
 standard deviation ``pixel_noise``, cut into ``patch`` x ``patch`` patches. A
-demonstration is the input, ``:``, the label and a newline (byte tokens); an image
-input is one placeholder token per patch, whose input embedding a small patch encoder
+demonstration is the input, the label and a newline (byte tokens: the label follows
+the input directly, so that the last input token, which names the class, is what a
+query's answer is read against); an image input is one placeholder token per patch, whose input embedding a small patch encoder
 computes (``PatchLM``). Which letter names which class, and which keywords or prototype
 it has, is only in the context: the model must learn it there.
 
@@ -33,7 +34,7 @@ from lhc.emloc.compress import Example
 from lhc.train.causal_lm import CausalLMTask, lm_config_from
 from lhc.train.tasks import register_task
 
-COLON, NEWLINE = ord(":"), ord("\n")
+NEWLINE = ord("\n")
 LABELS = np.arange(ord("A"), ord("Z") + 1)
 WORDS = np.arange(ord("a"), ord("z") + 1)
 IMAGE_TOKEN = 259  # after the 256 bytes and ByteTokenizer's three special ids
@@ -80,7 +81,7 @@ class ManyShot:
     @property
     def demo_length(self) -> int:
         body = self.input_length if self.modality == "text" else self.patches
-        return body + 3
+        return body + 2
 
 
 @dataclasses.dataclass
@@ -88,7 +89,7 @@ class Episode:
     """Demonstrations and queries of one episode."""
 
     demonstrations: list[Example]
-    queries: list[Example]  # each ends with ":"; its answer is the next token
+    queries: list[Example]  # inputs; the answer is the next token
     answers: np.ndarray  # int [Q], the label token of each query
     features: list[np.ndarray]  # per demonstration, then per query: [n, feature_dim]
 
@@ -119,8 +120,8 @@ def _input(rng: np.random.Generator, task: ManyShot, draws, label: int):
 
 def _demonstration(rng, task, draws, label):
     tokens, features = _input(rng, task, draws, label)
-    tokens = np.concatenate([tokens, [COLON, draws["labels"][label], NEWLINE]]).astype(np.int32)
-    features = np.concatenate([features, np.zeros((3, task.feature_dim), np.float32)])
+    tokens = np.concatenate([tokens, [draws["labels"][label], NEWLINE]]).astype(np.int32)
+    features = np.concatenate([features, np.zeros((2, task.feature_dim), np.float32)])
     answer = np.zeros(tokens.size, bool)
     answer[-2] = True
     return tokens, answer, features
@@ -154,9 +155,8 @@ def episode(rng: np.random.Generator, task: ManyShot, shots: int, queries: int) 
     query_list, answers = [], []
     for label in rng.integers(task.classes, size=queries):
         tokens, feats = _input(rng, task, draws, label)
-        tokens = np.concatenate([tokens, [COLON]]).astype(np.int32)
         query_list.append(Example(tokens, np.zeros(tokens.size, bool)))
-        features.append(np.concatenate([feats, np.zeros((1, task.feature_dim), np.float32)]))
+        features.append(feats)
         answers.append(draws["labels"][label])
     return Episode(demonstrations, query_list, np.asarray(answers, np.int32), features)
 

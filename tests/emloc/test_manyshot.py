@@ -7,7 +7,7 @@ import pytest
 
 from lhc import lm
 from lhc.emloc import bench, manyshot
-from lhc.emloc.manyshot import COLON, IMAGE_TOKEN, NEWLINE, ManyShot
+from lhc.emloc.manyshot import IMAGE_TOKEN, NEWLINE, ManyShot
 
 
 @pytest.mark.parametrize("modality", ["text", "image"])
@@ -18,7 +18,7 @@ def test_training_rows_teach_labels_that_only_the_context_names(modality):
         tokens = np.concatenate([row["tokens"][0], row["targets"][0, -1:]])
         assert tokens.size == 30 * task.demo_length
         demos = tokens.reshape(30, task.demo_length)
-        assert np.all(demos[:, -3] == COLON) and np.all(demos[:, -1] == NEWLINE)
+        assert np.all(demos[:, -1] == NEWLINE)
         labels = demos[:, -2]
         assert np.all((labels >= ord("A")) & (labels <= ord("Z")))
         # The loss is on the labels only.
@@ -30,12 +30,12 @@ def test_training_rows_teach_labels_that_only_the_context_names(modality):
             clean_row = manyshot.training_row(np.random.default_rng(7), clean, shots=30)
             clean_demos = np.concatenate([clean_row["tokens"][0], clean_row["targets"][0, -1:]])
             clean_demos = clean_demos.reshape(30, clean.demo_length)
-            words = {label: set(clean_demos[clean_demos[:, -2] == label, :-3].ravel())
+            words = {label: set(clean_demos[clean_demos[:, -2] == label, :-2].ravel())
                      for label in np.unique(clean_demos[:, -2])}  # fmt: skip
             assert all(len(w) <= 3 for w in words.values())
             assert sum(len(w) for w in words.values()) == len(set().union(*words.values()))
         else:
-            assert np.all(demos[:, :-3] == IMAGE_TOKEN)
+            assert np.all(demos[:, :-2] == IMAGE_TOKEN)
             features = row["features"][0][: -(task.demo_length - 1) or None]
             assert features.shape[1] == task.feature_dim
     # Episodes differ: labels are drawn anew.
