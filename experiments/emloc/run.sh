@@ -10,6 +10,6 @@ mkdir -p "$OUT"
 for modality in $MODALITIES; do
   [ -d "$OUT/$modality/checkpoints" ] \
     || lhc train --config "configs/emloc_manyshot.py:modality=$modality" --workdir "$OUT/$modality"
-  lhc bench emloc --workdir "$OUT/$modality" --episodes 8 --queries 20 --chunk-size 10 \
-    --deltas 0.001,0.005,0.05 --json "$OUT/bench_$modality.json" | tee "$OUT/bench_$modality.txt"
+  lhc bench emloc --workdir "$OUT/$modality" --episodes 8 --queries 20 --chunk-size 4 \
+    --deltas 0.005,0.05,0.2,0.5,2 --json "$OUT/bench_$modality.json" | tee "$OUT/bench_$modality.txt"
 done

@@ -2,8 +2,8 @@
 
 On a model trained with ``configs/emloc_manyshot.py`` (text or images)::
 
-    lhc bench emloc --workdir /tmp/emloc/text --shots 40 --episodes 8 --queries 20 \
-        --chunk-size 10 --deltas 0.001,0.005,0.05
+    lhc bench emloc --workdir /tmp/emloc/text --episodes 8 --queries 20 \
+        --chunk-size 4 --deltas 0.001,0.005,0.05
 
 Per episode (fresh labels, keywords or prototypes): the demonstrations are compressed
 with EMLoC at each ``delta``; uniform pruning, SnapKV-style pruning and *fewer shots*
@@ -44,7 +44,7 @@ def _load(workdir: str):
         raise SystemExit(f"--workdir {workdir!r}: not a model of configs/emloc_manyshot.py")
     fields = dict(exp.config.data)
     shots = int(fields.pop("shots"))
-    fields.pop("name", None)
+    fields.pop("name", None), fields.pop("min_shots", None)
     return model, params, ManyShot(**fields), shots, step
 
 
@@ -132,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shots", type=int, default=0, help="default: the training shots")
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--queries", type=int, default=20)
-    p.add_argument("--chunk-size", type=int, default=10, help="demonstrations per chunk")
+    p.add_argument("--chunk-size", type=int, default=4, help="demonstrations per chunk")
     p.add_argument("--deltas", type=_floats, default=(0.001, 0.005, 0.05))
     p.add_argument("--ratios", type=_floats, default=(0.1, 0.2, 0.5))
     p.add_argument("--window", type=int, default=8, help="SnapKV's observation window")

@@ -127,14 +127,26 @@ def _demonstration(rng, task, draws, label):
     return tokens, answer, features
 
 
-def training_row(rng: np.random.Generator, task: ManyShot, shots: int) -> dict[str, np.ndarray]:
+def training_row(
+    rng: np.random.Generator, task: ManyShot, shots: int, min_shots: int | None = None
+) -> dict[str, np.ndarray]:
     """One training sequence of ``shots`` demonstrations: ``tokens``, ``targets``,
-    ``weights`` (1 on the labels) and ``features``, each with a leading axis of 1."""
+    ``weights`` (1 on the labels) and ``features``, each with a leading axis of 1.
+
+    With ``min_shots``, the sequence holds a number of demonstrations uniform in
+    [``min_shots``, ``shots``], right-padded (token 0, weight 0) to the length of
+    ``shots``: short episodes, where attention has few places to look, teach the
+    matching early; long ones teach it at the lengths of evaluation.
+    """
     draws = _class_draws(rng, task)
-    parts = [_demonstration(rng, task, draws, rng.integers(task.classes)) for _ in range(shots)]
-    tokens = np.concatenate([p[0] for p in parts])
-    answer = np.concatenate([p[1] for p in parts])
-    features = np.concatenate([p[2] for p in parts])
+    count = shots if min_shots is None else int(rng.integers(min_shots, shots + 1))
+    parts = [_demonstration(rng, task, draws, rng.integers(task.classes)) for _ in range(count)]
+    pad = (shots - count) * task.demo_length
+    tokens = np.concatenate([p[0] for p in parts] + [np.zeros(pad, np.int32)])
+    answer = np.concatenate([p[1] for p in parts] + [np.zeros(pad, bool)])
+    features = np.concatenate(
+        [p[2] for p in parts] + [np.zeros((pad, task.feature_dim), np.float32)]
+    )
     return {
         "tokens": tokens[None, :-1],
         "targets": tokens[None, 1:],
@@ -240,12 +252,15 @@ class ManyShotTask(CausalLMTask):
 
     def manyshot(self) -> ManyShot:
         fields = dict(self.config.data)
-        fields.pop("name", None), fields.pop("shots", None)
+        for key in ("name", "shots", "min_shots"):
+            fields.pop(key, None)
         return ManyShot(**fields)
 
     def _make_batch(self, seed, index, rows):
         task, shots = self.manyshot(), int(self.config.data.shots)
-        return stack_rows(lambda rng: training_row(rng, task, shots), row_rngs(seed, index, rows))
+        min_shots = self.config.data.get("min_shots")
+        make = lambda rng: training_row(rng, task, shots, min_shots)
+        return stack_rows(make, row_rngs(seed, index, rows))
 
     def init_params(self, rng):
         spec = self.batch_spec(1)

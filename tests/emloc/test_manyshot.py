@@ -45,6 +45,21 @@ def test_training_rows_teach_labels_that_only_the_context_names(modality):
     ) or not np.array_equal(first[0], first[1])
 
 
+def test_rows_of_fewer_shots_are_right_padded_and_weigh_nothing_there():
+    task = ManyShot(modality="text", input_length=1, keywords=1)
+    counts = set()
+    for seed in range(12):
+        row = manyshot.training_row(np.random.default_rng(seed), task, shots=6, min_shots=2)
+        assert row["tokens"].shape == (1, 6 * task.demo_length - 1)
+        tokens = np.concatenate([row["tokens"][0], row["targets"][0, -1:]])
+        real = int(np.sum(tokens != 0))
+        assert real % task.demo_length == 0 and np.all(tokens[real:] == 0)
+        counts.add(real // task.demo_length)
+        assert row["weights"].sum() == real // task.demo_length
+        assert np.all(row["weights"][0, real - 1 :] == 0)
+    assert counts <= set(range(2, 7)) and len(counts) > 2
+
+
 def test_image_prototypes_are_recoverable_from_the_features():
     task = ManyShot(modality="image", noise=0.1, pixel_noise=0.2)
     ep = manyshot.episode(np.random.default_rng(3), task, shots=40, queries=10)
