@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.emloc.compress import Example, join_examples, top_tokens
+from lhc.emloc.compress import Example, join_examples, pooled_head_scores, top_tokens
 from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
 from lhc.lm.cache import init_cache
 
@@ -99,11 +99,8 @@ def snapkv_scores(probs: np.ndarray, num_kv_heads: int, length: int, pool: int) 
     """float64 ``[K, C]``: the observation window's probabilities ``probs [1, N, W, C]``
     (over the context's keys) summed over the window and the query heads of each group,
     average-pooled."""
-    summed = np.asarray(probs, np.float64)[0].sum(1)  # [N, C]
-    grouped = summed.reshape(num_kv_heads, -1, length).sum(1)
-    half = pool // 2
-    padded = np.pad(grouped, ((0, 0), (half, half)))
-    return sum(padded[:, i : i + length] for i in range(pool)) / pool
+    summed = np.asarray(probs, np.float64)[0, :, :, :length].sum(1)  # [N, C]
+    return pooled_head_scores(summed, num_kv_heads, pool)
 
 
 def snapkv_memory(

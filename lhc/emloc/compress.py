@@ -273,11 +273,18 @@ def importance(
     total = chunk.sum(-1, keepdims=True) + probs[..., own_slots].sum(-1, keepdims=True)
     chunk = np.where(total > 0, chunk / np.where(total > 0, total, 1), 0)
     summed = np.einsum("rnqc,rq->nc", chunk, valid.astype(np.float64))  # [N, C]
-    grouped = summed.reshape(num_kv_heads, -1, summed.shape[-1]).sum(1)  # [K, C]
+    pooled = pooled_head_scores(summed, num_kv_heads, pool)
+    return pooled + answer_bonus * np.asarray(answer, np.float64)[None]
+
+
+def pooled_head_scores(summed: np.ndarray, num_kv_heads: int, pool: int) -> np.ndarray:
+    """float64 ``[K, C]``: per-query-head token scores ``summed [N, C]`` added over the
+    query heads of each key/value group, then average-pooled over tokens (kernel
+    ``pool``, zero padding counted, as ``avg_pool1d`` with padding ``pool // 2``)."""
+    grouped = np.asarray(summed, np.float64).reshape(num_kv_heads, -1, summed.shape[-1]).sum(1)
     half = pool // 2
     padded = np.pad(grouped, ((0, 0), (half, half)))
-    pooled = sum(padded[:, i : i + grouped.shape[1]] for i in range(pool)) / pool
-    return pooled + answer_bonus * np.asarray(answer, np.float64)[None]
+    return sum(padded[:, i : i + grouped.shape[1]] for i in range(pool)) / pool
 
 
 def top_tokens(scores: np.ndarray, count: int) -> np.ndarray:
@@ -298,7 +305,7 @@ def _with_kept(memory: LayerwiseMemory, layer: int, offset: int, kept: np.ndarra
     positions = np.asarray(memory.positions[layer])
     chunk = positions[:, :, offset:]
     mask = np.zeros(chunk.shape[1:], bool)
-    np.put_along_axis(mask, kept, True, axis=-1) if kept.size else None
+    np.put_along_axis(mask, kept, True, axis=-1)
     chunk = np.where(mask[None], chunk, -1)
     positions = np.concatenate([positions[:, :, :offset], chunk], axis=-1)
     layers = list(memory.positions)
