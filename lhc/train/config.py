@@ -28,6 +28,10 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     config.max_checkpoints_to_keep = 2
     config.async_checkpointing = True
     config.progress_bar = True
+    # A fresh run may start from the parameters of another run's checkpoint (fine-tuning):
+    # "WORKDIR" (its latest step) or "WORKDIR:STEP"; the model must have the same
+    # parameter shapes. The optimizer starts anew. Ignored when resuming.
+    config.init_params_from = None
     config.tensorboard = True
     # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
     # --config.mesh_shape="(2,4,1)". One size may be -1.

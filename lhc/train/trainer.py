@@ -258,6 +258,8 @@ def train_and_evaluate(
             state, data_state = checkpointer.restore(latest, state)
             data.set_state(data_state)
             log.info("resumed from step %d in %s", latest, workdir)
+        elif config.get("init_params_from"):
+            state = _init_params_from(exp, state, str(config.init_params_from))
         start_step = int(jax.device_get(state["step"]))
         writer = MetricWriter(
             workdir, tensorboard=bool(config.get("tensorboard", True)), resume_step=start_step
@@ -276,6 +278,32 @@ def train_and_evaluate(
         raise
     _close_all(*closers)
     return summary
+
+
+def _init_params_from(exp: Experiment, state, source: str):
+    """``state`` with the parameters of the checkpoint ``source`` ("WORKDIR" for its
+    latest step, or "WORKDIR:STEP") and the optimizer state initialised for them."""
+    workdir, step = source, None
+    head, _, tail = source.rpartition(":")
+    if head and tail.isdigit():
+        workdir, step = head, int(tail)
+    directory = os.path.join(workdir, "checkpoints")
+    checkpointer = Checkpointer(directory, read_only=True)
+    try:
+        if step is None and checkpointer.latest_step() is None:
+            raise FileNotFoundError(
+                f"config.init_params_from {source!r} holds no checkpoint (looked in {directory!r})"
+            )
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            state["params"],
+        )
+        params, step = checkpointer.restore_params(step, abstract)
+    finally:
+        checkpointer.close()
+    opt_state = jax.jit(exp.optimizer.init, out_shardings=exp.state_shardings["opt_state"])(params)
+    log.info("parameters from step %d of %s", step, workdir)
+    return dict(state, params=params, opt_state=opt_state)
 
 
 def _loop(exp, state, data, checkpointer, writer, progress, start_step) -> dict[str, Any]:

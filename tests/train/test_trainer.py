@@ -132,3 +132,23 @@ def test_unknown_task_is_a_clear_error(tmp_path):
         config.task = "no_such_task"
     with pytest.raises(ValueError, match="unknown task 'no_such_task'"):
         train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_init_params_from_another_run(tmp_path, straight_run):
+    source, _ = straight_run
+    source_params, _ = _params(_config(), source)
+    # With a learning rate of 0 the run ends where it started: the source's parameters.
+    frozen = _config(f"init_params_from={source}", "num_steps=1", "optimizer.learning_rate=0.0")
+    train.train_and_evaluate(frozen, str(tmp_path / "frozen"))
+    got, _ = _params(frozen, tmp_path / "frozen")
+    jax.tree.map(np.testing.assert_array_equal, got, source_params)
+    # A named step.
+    step3 = _config(f"init_params_from={source}:3", "num_steps=1", "optimizer.learning_rate=0.0")
+    train.train_and_evaluate(step3, str(tmp_path / "step3"))
+    _, want, _ = train.restore_params(_config(), str(source), step=3)
+    got, _ = _params(step3, tmp_path / "step3")
+    jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(want))
+    with pytest.raises(FileNotFoundError, match="init_params_from"):
+        train.train_and_evaluate(
+            _config(f"init_params_from={tmp_path / 'none'}"), str(tmp_path / "bad")
+        )
