@@ -92,6 +92,7 @@ def forward(
     key_mask=None,
     masked_from=0,
     probs=None,
+    states=None,
 ):
     """Logits [T, V] (float64) of one sequence of token ids [T].
 
@@ -99,6 +100,8 @@ def forward(
     the token's). ``key_mask``: {layer: bool [K, T]}, the keys each key/value head of
     that layer may attend to from the queries at indices ``>= masked_from``. ``probs``:
     a dict filled with {layer: [N, T, T]}, the attention probabilities (query, key).
+    ``states``: a dict filled with {(site, layer): [T, D]} for the sites
+    ``"layer_input"``, ``"attention"`` (after ``attention_add``) and ``"residual"``.
 
     ``window``: a query at index t sees keys at indices (t - window, t]. ``residual_add`` /
     ``attention_add``: {layer: vector [D] or [T, D]} added to the residual stream after
@@ -123,7 +126,9 @@ def forward(
     key_mask = key_mask or {}
     group = config.num_heads // config.num_kv_heads
     norm = layer_norm if getattr(config, "norm_type", "rmsnorm") == "layernorm" else rms_norm
+    states = {} if states is None else states
     for layer in range(config.num_layers):
+        states["layer_input", layer] = x
         p = _layer_params(params, layer)
         att = p["attention"]
         h = norm(x, as64(p["attention_norm"]["scale"]), config.norm_eps)
@@ -155,6 +160,7 @@ def forward(
         attended = sum(head_outputs)
         if layer in attention_add:
             attended = attended + as64(attention_add[layer])
+        states["attention", layer] = attended
         x = x + attended
         h = norm(x, as64(p["mlp_norm"]["scale"]), config.norm_eps)
         mlp = p["mlp"]
@@ -165,6 +171,7 @@ def forward(
         x = x + hidden @ as64(mlp["down"]["kernel"])
         if layer in residual_add:
             x = x + as64(residual_add[layer])
+        states["residual", layer] = x
     x = norm(x, as64(params["final_norm"]["scale"]), config.norm_eps)
     if config.tie_embeddings:
         return x @ embedding.T
