@@ -1,0 +1,113 @@
+"""Iterative Vectors and the Task Vectors baseline against a direct computation with the
+float64 numpy decoder, one prompt and one episode at a time."""
+
+import numpy as np
+import pytest
+
+from lhc.icl import iterative
+from lhc.icl.iterative import Examples, ExtractConfig, Format, build_prompt
+
+from ..lm.conftest import forward
+from .conftest import CONFIG
+
+FMT = Format(labels=((90,), (91, 7)), separator=10, block=(11, 11))
+
+
+def _examples(count=8, seed=0):
+    rng = np.random.default_rng(seed)
+    inputs = [list(rng.integers(20, 80, rng.integers(2, 4))) for _ in range(count)]
+    return Examples(inputs, [i % 2 for i in range(count)], 2)
+
+
+def _numpy_attention(params, tokens, at, adds):
+    """Attention outputs [L, K, D] at ``at`` with {layer: [T, D]} added there."""
+    states = {}
+    logits = forward(CONFIG, params, tokens, attention_add=adds, states=states)
+    return np.stack([states["attention", i][at] for i in range(CONFIG.num_layers)]), logits
+
+
+def _adds(prompt, classes, vectors, strength):
+    if vectors is None:
+        return {}
+    dense = np.zeros((CONFIG.num_layers, len(prompt.tokens), CONFIG.embed_dim))
+    for k, sep in enumerate(prompt.separators):
+        which = classes[k] if k < len(classes) else -1
+        dense[:, sep] = strength * vectors[which]
+    return dict(enumerate(dense))
+
+
+def test_extraction_against_a_direct_computation(tiny):
+    model, params = tiny
+    train = _examples()
+    config = ExtractConfig(ext_shot=1, ext_strength=0.7, episodes=4, ext_batch=2, seed=3)
+    got = iterative.extract(model, params, FMT, train, config)
+    # The same episodes, drawn in the same order; the released loop, one episode at a time.
+    rng = np.random.default_rng(3)
+    episodes = [train.episode(rng, 1) for _ in range(4)]
+    vectors, collected = None, []
+    for index, (support, (query, label)) in enumerate(episodes):
+        prompt = build_prompt(FMT, support, query, label)
+        classes = [c for _, c in support]
+        pos, _ = _numpy_attention(params, prompt.tokens, prompt.separators,
+                                  _adds(prompt, classes, vectors, 0.7))  # fmt: skip
+        alone = build_prompt(FMT, [], query, label)
+        neg, _ = _numpy_attention(params, alone.tokens, alone.separators - 1, {})
+        diff = pos - neg  # [L, K, D]
+        per_class = [diff[:, [k for k, c in enumerate(classes) if c == cls]].mean(1)
+                     for cls in range(2)]  # fmt: skip
+        collected.append(np.stack(per_class + [diff[:, -1]]))
+        if index % 2 == 0 or index == 3:
+            vectors = np.mean(collected, axis=0)
+    assert got.shape == (3, CONFIG.num_layers, CONFIG.embed_dim)
+    np.testing.assert_allclose(got, vectors, rtol=1e-4, atol=1e-5)
+
+
+def test_prediction_with_vectors_against_the_numpy_decoder(tiny):
+    model, params = tiny
+    vectors = np.random.default_rng(1).normal(size=(3, CONFIG.num_layers, CONFIG.embed_dim))
+    episodes = iterative.evaluation_episodes(_examples(), 2, 6, seed=5)
+    got = iterative.predict(model, params, FMT, episodes, vectors, strength=0.9, batch_size=4)
+    for (support, (query, _)), guess in zip(episodes, got):
+        prompt = build_prompt(FMT, support, query)
+        adds = _adds(prompt, [c for _, c in support], vectors, 0.9)
+        _, logits = _numpy_attention(params, prompt.tokens, prompt.separators, adds)
+        assert guess == np.argmax(logits[prompt.separators[-1], [90, 91]])
+
+
+def test_task_vectors_baseline(tiny):
+    model, params = tiny
+    train = _examples()
+    tv = iterative.TaskVectors.extract(model, params, FMT, train, shots=1, episodes=5, seed=2,
+                                       batch_size=2)  # fmt: skip
+    rng = np.random.default_rng(2)
+    states_at_query = []
+    for support, (query, _) in [train.episode(rng, 1) for _ in range(5)]:
+        prompt = build_prompt(FMT, support, query)
+        states = {}
+        forward(CONFIG, params, prompt.tokens, states=states)
+        states_at_query.append([states["residual", i][prompt.separators[-1]]
+                                for i in range(CONFIG.num_layers)])  # fmt: skip
+    np.testing.assert_allclose(tv.vectors, np.mean(states_at_query, 0), rtol=1e-4, atol=1e-5)
+    validation = iterative.evaluation_episodes(train, 1, 8, seed=9)
+    scores = tv.choose_layer(model, params, FMT, validation)
+    assert len(scores) == CONFIG.num_layers and tv.layer == int(np.argmax(scores))
+
+
+def test_macro_f1_matches_scikit_learn():
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        true, predicted = rng.integers(0, 4, 30), rng.integers(0, 4, 30)
+        predicted[predicted == 3] = 2  # a class never predicted
+        want = f1_score(true, predicted, average="macro", labels=range(4), zero_division=0)
+        assert iterative.macro_f1(predicted, true, 4) == pytest.approx(want)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="first tokens must differ"):
+        Format(labels=((5, 1), (5, 2)), separator=10, block=(11,))
+    with pytest.raises(ValueError, match=r"classes \[1\] have fewer than 2 examples"):
+        Examples([[1], [2], [3]], [0, 0, 1], 2)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        iterative.extract(None, None, FMT, _examples(), ExtractConfig(episodes=0))
