@@ -25,8 +25,8 @@ SIZES = {
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, size="small", kind="bias_add", demos=40, steps=2000, lr=5e-4,
-                    batch=32, runlocal=False)  # fmt: skip
+    arg = parse_arg(arg, size="small", kind="bias_add", demos=20, steps=2000, lr=1e-3,
+                    batch=64, runlocal=False)  # fmt: skip
     if arg.size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {arg.size!r}")
     config = base_config("lhc.icl.superposition:SuperpositionTask")

@@ -20,6 +20,8 @@ import tempfile
 BENCHMARKS = {
     "emloc": "lhc.emloc.bench:main",
     "gca": "lhc.gca.bench:main",
+    "icl-superposition": "lhc.icl.bench:superposition_main",
+    "icl-vectors": "lhc.icl.bench:vectors_main",
     "lm-decode": "lhc.lm.bench:main",
     "nolima": "lhc.nolima.bench:main",
     "pencil": "lhc.pencil.bench:main",

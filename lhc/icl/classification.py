@@ -1,0 +1,106 @@
+"""Generated in-context classification in the prompt format of Iterative Vectors.
+
+A task has ``classes`` classes; each class owns ``keywords`` lower-case letters and a
+label word (five letters, first letters all different). An input is ``input_length``
+letters, each one of its class's keywords, or with probability ``noise`` any letter. A
+demonstration is ``input\\nlabel``, demonstrations are joined by ``\\n\\n\\n`` and the query
+is ``input\\n`` (the released code's layout; byte tokens).
+
+``PretrainTask`` trains a decoder on prompts that each draw a new task (2 to
+``max_classes`` classes, 1 to ``max_shots`` demonstrations per class, shuffled), the
+loss on the label words: in-context classification in general. ``fixed_task`` draws one
+task from a seed and ``split`` its labelled inputs, the analogue of a dataset's train,
+validation and test splits for the Iterative Vectors experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lhc.data.iterators import row_rngs, stack_rows
+from lhc.icl.iterative import Examples, Format, build_prompt
+from lhc.train.causal_lm import CausalLMTask
+from lhc.train.tasks import register_task
+
+LABEL_WORDS = ("apple", "bread", "chair", "dance", "eagle", "flame", "grape", "house",
+               "igloo", "juice", "knife", "lemon", "mango", "noble", "ocean", "piano",
+               "queen", "river", "stone", "tiger", "uncle", "vivid", "whale", "xenon",
+               "yacht", "zebra")  # fmt: skip
+LETTERS = np.arange(ord("a"), ord("z") + 1, dtype=np.int32)
+SEPARATOR = ord("\n")
+BLOCK = (ord("\n"),) * 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One classification task: per class its keywords ``[C, keywords]`` and label."""
+
+    keywords: np.ndarray
+    labels: tuple[str, ...]
+    input_length: int = 4
+    noise: float = 0.2
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+    def format(self) -> Format:
+        return Format(tuple(tuple(w.encode()) for w in self.labels), SEPARATOR, BLOCK)
+
+    def sample(self, rng: np.random.Generator, label: int) -> np.ndarray:
+        tokens = rng.choice(self.keywords[label], self.input_length)
+        noisy = rng.random(self.input_length) < self.noise
+        return np.where(noisy, rng.choice(LETTERS, self.input_length), tokens).astype(np.int32)
+
+
+def random_task(rng, classes: int, keywords: int = 2, input_length: int = 4, noise: float = 0.2):
+    """A task with fresh keywords (disjoint between classes) and label words."""
+    if not 2 <= classes <= len(LABEL_WORDS) or classes * keywords > len(LETTERS):
+        raise ValueError(f"classes {classes} x keywords {keywords} do not fit the alphabet")
+    words = rng.choice(LETTERS, classes * keywords, replace=False).reshape(classes, keywords)
+    labels = tuple(LABEL_WORDS[i] for i in rng.choice(len(LABEL_WORDS), classes, replace=False))
+    return Task(words, labels, input_length, noise)
+
+
+def fixed_task(seed: int, classes: int = 4, **kwargs) -> Task:
+    return random_task(np.random.default_rng(seed), classes, **kwargs)
+
+
+def split(task: Task, count: int, seed: int) -> Examples:
+    """``count`` labelled inputs (classes balanced, drawn with ``seed``)."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % task.num_classes
+    return Examples([task.sample(rng, c) for c in labels], labels, task.num_classes)
+
+
+def training_row(rng, max_classes: int, max_shots: int, width: int, **task_kwargs):
+    """One pretraining prompt, right-padded to ``width``: ``tokens``, ``targets``,
+    ``weights`` (1 on the label words), each ``[1, width - 1]``."""
+    task = random_task(rng, int(rng.integers(2, max_classes + 1)), **task_kwargs)
+    shots = int(rng.integers(1, max_shots + 1))
+    classes = rng.permutation(np.repeat(np.arange(task.num_classes), shots))
+    fmt = task.format()
+    support = [(task.sample(rng, c), int(c)) for c in classes[:-1]]
+    prompt = build_prompt(fmt, support, task.sample(rng, classes[-1]), int(classes[-1]))
+    weights = np.zeros(width, np.float32)
+    label_length = len(fmt.labels[0])
+    for sep in prompt.separators:
+        weights[sep + 1 : sep + 1 + label_length] = 1
+    if len(prompt.tokens) > width:
+        raise ValueError(f"a prompt of {len(prompt.tokens)} tokens exceeds width {width}")
+    tokens = np.zeros(width, np.int32)
+    tokens[: len(prompt.tokens)] = prompt.tokens
+    return {"tokens": tokens[None, :-1], "targets": tokens[None, 1:], "weights": weights[None, 1:]}
+
+
+@register_task("icl_classification")
+class PretrainTask(CausalLMTask):
+    """Config keys: ``data`` (``max_classes``, ``max_shots``, ``width``, ``keywords``,
+    ``input_length``, ``noise``), ``model``, with those of ``CausalLMTask``."""
+
+    def _make_batch(self, seed, index, rows):
+        data = dict(self.config.data)
+        data.pop("name", None)
+        return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))

@@ -1,0 +1,81 @@
+"""The icl benches end to end on briefly trained models and a small HF checkpoint."""
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from lhc import lm, train
+from lhc.icl import bench, families
+from lhc.train import config as config_lib
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+QUIET = ["progress_bar=False", "tensorboard=False", "async_checkpointing=False"]
+
+
+def _trained(name, workdir):
+    config = config_lib.load_config(str(CONFIGS / name) + ":runlocal", QUIET)
+    train.train_and_evaluate(config, str(workdir))
+    return str(workdir)
+
+
+def test_superposition_curve_from_a_workdir(tmp_path):
+    workdir = _trained("icl_superposition.py", tmp_path / "model")
+    result = bench.superposition_main(["--workdir", workdir, "--prompts", "3", "--points", "3"])
+    rows = result["rows"]
+    assert [r["d"] for r in rows] == [0.0, 0.5, 1.0]
+    assert rows[0]["realised"] == 0.0 and rows[-1]["realised"] == 1.0
+    for r in rows:
+        assert 0 < r["first"] and 0 < r["second"] and r["first"] + r["second"] <= 1
+        want = sum(d * np.log(d / p) for d, p in ((r["d"], r["first"]), (1 - r["d"], r["second"]))
+                   if d > 0)  # fmt: skip
+        assert r["kl"] == pytest.approx(want, rel=1e-6)
+
+
+def test_families_on_an_hf_checkpoint(tmp_path):
+    rng = np.random.default_rng(0)
+    family = families.get_family("addition")
+    corpus = [families.superposition_prompt(rng, family, {"digits": 1.0}, 3).text
+              for _ in range(30)] + [" ".join(families.number_words(n, lang)
+                                              for n in range(100, 199, 7))
+                                     for lang in families.LANGUAGES]  # fmt: skip
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<unk>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    model_dir = tmp_path / "model"
+    config = lm.LMConfig.tiny(vocab_size=320, max_len=256)
+    lm.hf.save(config, lm.init_params(config, jax.random.key(0)), model_dir)
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    loaded = lm.load_tokenizer(str(model_dir / "tokenizer.json"))
+    for text, answer in (("12+30->", "42"), ("50+51->", "cent un")):
+        tokens = bench._answer_tokens(loaded, text, answer)
+        assert loaded.decode(loaded.encode(text) + tokens) == text + answer
+    result = bench.superposition_main(
+        ["--checkpoint", str(model_dir), "--tokenizer", str(model_dir / "tokenizer.json"),
+         "--family", "addition", "--demos", "4", "--prompts", "2", "--dtype", "float32"]
+    )  # fmt: skip
+    mean = np.array(result["addition"]["mean"])
+    assert result["addition"]["tasks"] == list(family.tasks)
+    assert mean.shape == (4,) and (mean > 0).all() and mean.sum() < 1
+    with pytest.raises(SystemExit, match="exactly one of"):
+        bench.superposition_main(["--prompts", "2"])
+
+
+def test_vectors_table_from_a_workdir(tmp_path):
+    workdir = _trained("icl_classification.py", tmp_path / "model")
+    result = bench.vectors_main(
+        ["--workdir", workdir, "--tasks", "1", "--episodes", "3", "--val-episodes", "4",
+         "--test-episodes", "6", "--ext-shots", "1", "--strengths", "0.5,0.9",
+         "--ext-strengths", "0.5"]
+    )  # fmt: skip
+    (row,) = result["rows"]
+    for key in ("clean_f1", "tv_f1", "iv_f1", "clean_acc", "tv_acc", "iv_acc"):
+        assert 0 <= row[key] <= 1
+    assert len(row["grid"]) == 2 and row["strength"] in (0.5, 0.9)
+    assert row["iv_val_f1"] == max(g["macro_f1"] for g in row["grid"])
+    assert 0 <= row["tv_layer"] < 4 and len(row["tv_val_f1"]) == 4
