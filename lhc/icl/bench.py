@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
-from lhc.icl import classification, iterative
+from lhc.icl import classification, iterative, taskvectors
 from lhc.icl.families import get_family, superposition_prompt
 from lhc.icl.scoring import answer_probabilities, kl_to_proportions, with_other
-from lhc.icl.superposition import superposition_curve
+from lhc.icl.superposition import NEWLINE, SEPARATOR, mixture_prompt, superposition_curve
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -84,7 +84,44 @@ def scratch_curve(args) -> dict:
               f"{curve['std'][i][0]:.3f} | {mean[1]:.3f} ± {curve['std'][i][1]:.3f} | "
               f"{with_other(mean)[-1]:.3f} | {kl:.3f} |")  # fmt: skip
     print("\n" + ascii_plot(curve["proportion"], dict(zip(names, curve["mean"].T))))
-    return dict(workdir=args.workdir, step=step, kind=task.kind, rows=rows)
+    result = dict(workdir=args.workdir, step=step, kind=task.kind, rows=rows)
+    if args.task_vectors:
+        result["task_vectors"] = scratch_task_vectors(exp.task.model, params, task, params_pair,
+                                                      proportions, names, args)  # fmt: skip
+    return result
+
+
+def scratch_task_vectors(model, params, task, pair, proportions, names, args) -> dict:
+    """Task vectors of the two tasks (mean residual at the query separator of
+    single-task prompts), the best layer for each on zero-shot queries, and the convex
+    combination (1 - w) v_B + w v_A patched into zero-shot queries at w = d."""
+    rng = np.random.default_rng(args.seed + 1)
+    prompts = {p: [mixture_prompt(rng, task, 1.0, (p, pair[1 - i])).tokens
+                   for _ in range(args.prompts)] for i, p in enumerate(pair)}  # fmt: skip
+    vectors = np.stack([taskvectors.task_vector(model, params, prompts[p]) for p in pair])
+    queries, answers = [], []
+    for _ in range(args.prompts):
+        inputs = task.sample_input(rng)
+        while task.answer(inputs, pair[0]) == task.answer(inputs, pair[1]):
+            inputs = task.sample_input(rng)
+        queries.append(np.concatenate([inputs, [SEPARATOR]]))
+        answers.append([[task.answer(inputs, p), NEWLINE] for p in pair])
+    layers = [taskvectors.best_layer(model, params, vectors[i], queries, answers, task=i)
+              for i in range(2)]  # fmt: skip
+    layer = int(np.argmax(layers[0][1] + layers[1][1]))  # best for both together
+    print(f"\ntask vectors: zero-shot answer probability per layer: {names[0]} "
+          f"{np.round(layers[0][1], 3).tolist()}, {names[1]} {np.round(layers[1][1], 3).tolist()}; "
+          f"composed at layer {layer}")  # fmt: skip
+    print(f"\n| w | P({names[0]}) | P({names[1]}) |")
+    print("|---:|---:|---:|")
+    rows = []
+    for w in proportions:
+        mixed = taskvectors.compose(vectors, [w, 1 - w])
+        probs = taskvectors.patched_probabilities(model, params, mixed, layer, queries, answers)
+        mean = probs.mean(0)
+        rows.append(dict(w=float(w), first=float(mean[0]), second=float(mean[1])))
+        print(f"| {w:.1f} | {mean[0]:.3f} | {mean[1]:.3f} |")
+    return dict(layer=layer, per_layer=[scores.tolist() for _, scores in layers], rows=rows)
 
 
 def _answer_tokens(tokenizer, text: str, answer: str) -> list[int]:
@@ -141,6 +178,8 @@ def superposition_main(argv: list[str] | None = None) -> dict:
     p.add_argument("--points", type=int, default=11, help="proportions in [0, 1]")
     p.add_argument("--task-params", default="2,6", help="the two tasks' hidden parameters")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--task-vectors", action="store_true",
+                   help="from scratch: also compose the two tasks' vectors")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)

@@ -23,7 +23,9 @@ def _trained(name, workdir):
 
 def test_superposition_curve_from_a_workdir(tmp_path):
     workdir = _trained("icl_superposition.py", tmp_path / "model")
-    result = bench.superposition_main(["--workdir", workdir, "--prompts", "3", "--points", "3"])
+    result = bench.superposition_main(
+        ["--workdir", workdir, "--prompts", "3", "--points", "3", "--task-vectors"]
+    )
     rows = result["rows"]
     assert [r["d"] for r in rows] == [0.0, 0.5, 1.0]
     assert rows[0]["realised"] == 0.0 and rows[-1]["realised"] == 1.0
@@ -32,6 +34,10 @@ def test_superposition_curve_from_a_workdir(tmp_path):
         want = sum(d * np.log(d / p) for d, p in ((r["d"], r["first"]), (1 - r["d"], r["second"]))
                    if d > 0)  # fmt: skip
         assert r["kl"] == pytest.approx(want, rel=1e-6)
+    vectors = result["task_vectors"]
+    assert [r["w"] for r in vectors["rows"]] == [0.0, 0.5, 1.0]
+    assert 0 <= vectors["layer"] < 4 and np.shape(vectors["per_layer"]) == (2, 4)
+    assert all(0 < r["first"] + r["second"] <= 1 for r in vectors["rows"])
 
 
 def test_families_on_an_hf_checkpoint(tmp_path):

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Iterative Vectors on generated in-context classification: pretrain a decoder on
+# prompts that each hold a new task, then compare the plain 1-shot prompt, Task Vectors
+# and Iterative Vectors (grid chosen on validation by macro-F1) on fixed tasks.
+#   experiments/icl_iterative_vectors/run.sh /tmp/iv
+set -euo pipefail
+OUT=${1:?usage: run.sh OUT_DIR}
+mkdir -p "$OUT"
+[ -d "$OUT/model/checkpoints" ] \
+  || lhc train --config configs/icl_classification.py --workdir "$OUT/model"
+lhc bench icl-vectors --workdir "$OUT/model" --tasks 3 --shots 1 --episodes 200 \
+  --val-episodes 200 --test-episodes 1000 --json "$OUT/vectors.json" | tee "$OUT/vectors.txt"
