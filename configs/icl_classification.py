@@ -6,7 +6,7 @@ r"""In-context classification pretraining for the Iterative Vectors experiment
 Prompts of 2-5 classes with 1-4 demonstrations per class (``input\nlabel`` blocks
 joined by ``\n\n\n``, byte tokens, right-padded to 272), inputs of 4 letters drawn from
 2 keywords per class with noise 0.2, the loss on the label words. The model: 4 layers,
-width 128, 4 heads, SwiGLU 512, untied embeddings; batch 32, ``steps`` (default 2000),
+width 128, 4 heads, SwiGLU 512, untied embeddings; batch 32, ``steps`` (default 1500),
 AdamW at 1e-3 (5% warm-up, cosine to 10%), seed 0. ``runlocal`` for a smoke test.
 """
 
@@ -17,7 +17,7 @@ from lhc.train.optim import adamw_cosine
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, steps=2000, lr=1e-3, batch=32, runlocal=False)
+    arg = parse_arg(arg, steps=1500, lr=1e-3, batch=32, runlocal=False)
     config = base_config("lhc.icl.classification:PretrainTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
