@@ -53,7 +53,7 @@ def ascii_plot(xs, series: dict[str, np.ndarray], height: int = 11) -> str:
             grid[row][i] = mark if grid[row][i] == " " else "*"
     lines = [f"{1 - r / (height - 1):4.1f} |" + "  ".join(row) for r, row in enumerate(grid)]
     lines.append("     +" + "-" * (3 * width - 2))
-    lines.append("      " + " ".join(f"{x:<2.1f}"[:2] for x in xs) + "  (d)")
+    lines.append("      " + " ".join(f"{round(10 * float(x)):<2d}" for x in xs) + "  (10 d)")
     legend = ", ".join(f"{m} = {name}" for m, name in zip("ABCDEFGH", series))
     return "\n".join(lines + [f"      {legend}; * = overlap"])
 
@@ -71,18 +71,19 @@ def scratch_curve(args) -> dict:
     names = [f"{task.kind}({p})" for p in params_pair]
     print(f"model: {args.workdir} (step {step}), {task.kind}, {args.demos or task.demos} "
           f"demonstrations, {args.prompts} prompts per proportion, {seconds:.0f} s")  # fmt: skip
-    print(f"\n| d | realised | P({names[0]}) | P({names[1]}) | other | KL |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"\n| d | realised | P({names[0]}) | P({names[1]}) | other | KL | both >= 0.1 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for i, d in enumerate(curve["proportion"]):
         mean = curve["mean"][i]
         kl = float(kl_to_proportions(mean, [d, 1 - d]))
         rows.append(dict(d=float(d), realised=float(curve["realised"][i]), first=float(mean[0]),
                          second=float(mean[1]), first_std=float(curve["std"][i][0]),
-                         second_std=float(curve["std"][i][1]), kl=kl))  # fmt: skip
+                         second_std=float(curve["std"][i][1]), kl=kl,
+                         both=float(curve["both"][i])))  # fmt: skip
         print(f"| {d:.1f} | {curve['realised'][i]:.2f} | {mean[0]:.3f} ± "
               f"{curve['std'][i][0]:.3f} | {mean[1]:.3f} ± {curve['std'][i][1]:.3f} | "
-              f"{with_other(mean)[-1]:.3f} | {kl:.3f} |")  # fmt: skip
+              f"{with_other(mean)[-1]:.3f} | {kl:.3f} | {curve['both'][i]:.2f} |")  # fmt: skip
     print("\n" + ascii_plot(curve["proportion"], dict(zip(names, curve["mean"].T))))
     result = dict(workdir=args.workdir, step=step, kind=task.kind, rows=rows)
     if args.task_vectors:

@@ -129,17 +129,18 @@ def mixture_prompt(
 
 def superposition_curve(
     model, params, task: ScratchTask, proportions, *, prompts: int = 50, seed: int = 0,
-    task_params: tuple[int, int] = (2, 6), demos: int | None = None,
+    task_params: tuple[int, int] = (2, 6), demos: int | None = None, both_at: float = 0.1,
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """Mean and standard deviation over ``prompts`` prompts of each task's answer
     probability at every proportion d of the first task.
 
     Returns:
         ``proportion [D]``, ``mean [D, 2]``, ``std [D, 2]``, ``realised [D]`` (the mean
-        fraction of demonstrations of the first task).
+        fraction of demonstrations of the first task), ``both [D]`` (the fraction of
+        prompts giving each answer at least ``both_at``: superposed in one pass).
     """
     rng = np.random.default_rng(seed)
-    means, stds, realised = [], [], []
+    means, stds, realised, both = [], [], [], []
     for d in proportions:
         batch = [mixture_prompt(rng, task, float(d), task_params, demos) for _ in range(prompts)]
         probs = answer_probabilities(model, params, [p.tokens for p in batch],
@@ -147,8 +148,9 @@ def superposition_curve(
         means.append(probs.mean(0))
         stds.append(probs.std(0))
         realised.append(np.mean([p.counts[0] / sum(p.counts) for p in batch]))
+        both.append(np.mean(probs.min(axis=1) >= both_at))
     return dict(proportion=np.asarray(proportions, np.float64), mean=np.array(means),
-                std=np.array(stds), realised=np.array(realised))  # fmt: skip
+                std=np.array(stds), realised=np.array(realised), both=np.array(both))  # fmt: skip
 
 
 @register_task("icl_superposition")
