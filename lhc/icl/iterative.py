@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.icl.activations import edit_at, read_activations
+from lhc.icl.scoring import pad_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +118,10 @@ class Examples:
 
 
 def _pad(prompts: Sequence[Prompt], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(p.tokens) for p in prompts)
-    width = min(-(-width // 16) * 16, max_len)
-    tokens = np.zeros((len(prompts), width), np.int32)
-    for row, p in enumerate(prompts):
-        tokens[row, : len(p.tokens)] = p.tokens
-    return tokens, np.array([len(p.tokens) for p in prompts])
+    """The prompts' tokens right-padded (``pad_rows``) and their lengths."""
+    return pad_rows([p.tokens for p in prompts], max_len), np.array(
+        [len(p.tokens) for p in prompts]
+    )
 
 
 def _vector_values(vectors: np.ndarray, classes: np.ndarray, strength: float) -> np.ndarray:
