@@ -26,6 +26,7 @@ BENCHMARKS = {
     "nolima": "lhc.nolima.bench:main",
     "pencil": "lhc.pencil.bench:main",
     "quantspec": "lhc.quantspec.bench:main",
+    "range": "lhc.graphs.bench:main",
     "rapid": "lhc.rapid.bench:main",
     "recurrent": "lhc.recurrent.bench:main",
     "tabicl": "lhc.tabicl.bench:main",
