@@ -3,10 +3,10 @@ r"""In-context classification pretraining for the Iterative Vectors experiment
 
     lhc train --config configs/icl_classification.py --workdir /tmp/iv/model
 
-Prompts of 2-5 classes with 1-4 demonstrations per class (``input\nlabel`` blocks
-joined by ``\n\n\n``, byte tokens, right-padded to 272), inputs of 4 letters drawn from
+Prompts of 2-5 classes with 1-2 demonstrations per class (``input\nlabel`` blocks
+joined by ``\n\n\n``, byte tokens, right-padded to 144), inputs of 4 letters drawn from
 2 keywords per class with noise 0.2, the loss on the label words. The model: 4 layers,
-width 128, 4 heads, SwiGLU 512, untied embeddings; batch 32, ``steps`` (default 1500),
+width 128, 4 heads, SwiGLU 512, untied embeddings; batch 32, ``steps`` (default 3000),
 AdamW at 1e-3 (5% warm-up, cosine to 10%), seed 0. ``runlocal`` for a smoke test.
 """
 
@@ -17,16 +17,17 @@ from lhc.train.optim import adamw_cosine
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, steps=1500, lr=1e-3, batch=32, runlocal=False)
+    arg = parse_arg(arg, steps=3000, lr=1e-3, batch=32, runlocal=False)
     config = base_config("lhc.icl.classification:PretrainTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
     config.batch_size = 4 if arg.runlocal else int(arg.batch)
     config.eval_batches = 1 if arg.runlocal else 4
     config.log_every = 50
+    config.eval_every = 500
     config.checkpoint_every = 500
     config.data = ml_collections.ConfigDict(
-        dict(name="icl_classification", max_classes=5, max_shots=4, width=272, keywords=2,
+        dict(name="icl_classification", max_classes=5, max_shots=2, width=144, keywords=2,
              input_length=4, noise=0.2)
     )  # fmt: skip
     config.model = ml_collections.ConfigDict(

@@ -7,8 +7,8 @@ demonstration is ``input\\nlabel``, demonstrations are joined by ``\\n\\n\\n`` a
 is ``input\\n`` (the released code's layout; byte tokens).
 
 ``PretrainTask`` trains a decoder on prompts that each draw a new task (2 to
-``max_classes`` classes, 1 to ``max_shots`` demonstrations per class, shuffled), the
-loss on the label words: in-context classification in general. ``fixed_task`` draws one
+``max_classes`` classes, 1 to ``max_shots`` demonstrations per class, shuffled, then a
+query of a random class), the loss on the label words: in-context classification in general. ``fixed_task`` draws one
 task from a seed and ``split`` its labelled inputs, the analogue of a dataset's train,
 validation and test splits for the Iterative Vectors experiment.
 """
@@ -82,8 +82,11 @@ def training_row(rng, max_classes: int, max_shots: int, width: int, **task_kwarg
     shots = int(rng.integers(1, max_shots + 1))
     classes = rng.permutation(np.repeat(np.arange(task.num_classes), shots))
     fmt = task.format()
-    support = [(task.sample(rng, c), int(c)) for c in classes[:-1]]
-    prompt = build_prompt(fmt, support, task.sample(rng, classes[-1]), int(classes[-1]))
+    # The layout of the test episodes: every class shown, then a query of any class (so
+    # the query's label is always in the context).
+    support = [(task.sample(rng, c), int(c)) for c in classes]
+    query = int(rng.integers(task.num_classes))
+    prompt = build_prompt(fmt, support, task.sample(rng, query), query)
     weights = np.zeros(width, np.float32)
     label_length = len(fmt.labels[0])
     for sep in prompt.separators:
