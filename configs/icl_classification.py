@@ -3,11 +3,12 @@ r"""In-context classification pretraining for the Iterative Vectors experiment
 
     lhc train --config configs/icl_classification.py --workdir /tmp/iv/model
 
-Prompts of 2-5 classes with 1-2 demonstrations per class (``input\nlabel`` blocks
-joined by ``\n\n\n``, byte tokens, right-padded to 144), inputs of 4 letters drawn from
-2 keywords per class with noise 0.2, the loss on the label words. The model: 4 layers,
-width 128, 4 heads, SwiGLU 512, untied embeddings; batch 32, ``steps`` (default 3000),
-AdamW at 1e-3 (5% warm-up, cosine to 10%), seed 0. ``runlocal`` for a smoke test.
+Prompts of 2-5 classes with 1-2 demonstrations per class, then a query (``input\nlabel``
+blocks joined by ``\n\n\n``, byte tokens, right-padded to 144); an input is 4 letters,
+each its class's keyword (one letter per class) or with probability 0.2 any letter; the
+loss on the label words. The model: 4 layers, width 128, 4 heads, SwiGLU 512, untied
+embeddings; batch 32, ``steps`` (default 3000), AdamW at 1e-3 (5% warm-up, cosine to
+10%), seed 0. ``runlocal`` for a smoke test.
 """
 
 import ml_collections
@@ -27,7 +28,7 @@ def get_config(arg=None):
     config.eval_every = 500
     config.checkpoint_every = 500
     config.data = ml_collections.ConfigDict(
-        dict(name="icl_classification", max_classes=5, max_shots=2, width=144, keywords=2,
+        dict(name="icl_classification", max_classes=5, max_shots=2, width=144, keywords=1,
              input_length=4, noise=0.2)
     )  # fmt: skip
     config.model = ml_collections.ConfigDict(

@@ -1,7 +1,8 @@
 """``lhc bench range``: chunked influence against the full Jacobian or Hessian.
 
-For each grid of ``side x side`` nodes, a GCN with skips (``--layers`` layers, width
-``--width``, random weights, 1 input and ``--out`` output channels) and its node-level
+For each grid of ``side x side`` nodes, a GCN with skips and GELUs (``--layers``
+layers, width ``--width``, random weights, 1 input and ``--out`` output channels; GELU
+because a ReLU network's Hessian is zero almost everywhere) and its node-level
 influence (``|Jacobian|`` summed over channels), computed two ways in the same run:
 ``full`` (``jax.jacrev``, the whole ``[N, D, N, C]`` Jacobian at once) and ``chunked``
 (blocks of ``--chunk-size`` VJPs under ``lax.map``). With ``--hessian-sides`` the same
@@ -11,7 +12,7 @@ compiling one. Memory: XLA's buffer assignment for the compiled call (temporarie
 output, from ``compiled.memory_analysis()``), the peak the call needs beyond its inputs.
 The table says whether both ways agree (``max |difference| / max |full|``).
 
-    lhc bench range --sides 8,16,24,32 --hessian-sides 4,8,12
+    lhc bench range --sides 8,16,24,32 --hessian-sides 8,12,16
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _model_fn(side: int, layers: int, width: int, out: int, graph_level: bool, s
     n = side * side
     graphs = from_adjacencies([adjacency], [np.zeros((n, 1), np.float32)])
     model = GNN(layer="gcn", num_layers=layers, hidden_dim=width, out_dim=out,
-                residual=True, graph_level=graph_level)  # fmt: skip
+                residual=True, graph_level=graph_level, activation="gelu")  # fmt: skip
     params = model.init(jax.random.key(seed), graphs)["params"]
 
     def fn(x):
@@ -83,7 +84,7 @@ def _mib(value) -> str:
 
 def table(rows, args) -> str:
     lines = [
-        f"GCN with skips, {args.layers} layers, width {args.width}, {args.out} output channels, "
+        f"GCN with skips and GELUs, {args.layers} layers, width {args.width}, {args.out} output channels, "
         f"random weights; chunk size {args.chunk_size}; {jax.devices()[0].platform}",
         f"{'influence':>9} {'nodes':>6} {'full s':>8} {'chunked s':>10} {'time ratio':>10} "
         f"{'full MiB':>9} {'chunked MiB':>12} {'memory ratio':>12} {'rel. diff':>9}",
@@ -106,7 +107,7 @@ def table(rows, args) -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="lhc bench range", description=__doc__.splitlines()[0])
     p.add_argument("--sides", type=_ints, default=(8, 16, 24, 32), help="grid sides (Jacobian)")
-    p.add_argument("--hessian-sides", type=_ints, default=(4, 8, 12), help="grid sides (Hessian)")
+    p.add_argument("--hessian-sides", type=_ints, default=(8, 12, 16), help="grid sides (Hessian)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--out", type=int, default=4, help="output channels")

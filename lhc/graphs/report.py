@@ -3,7 +3,8 @@
 Reads each workdir's ``config.json`` and ``metrics.jsonl`` (the evaluations that
 ``lhc.graphs.task.RangeTask`` logs) and prints, per depth, the held-out MSE and the
 model's range at the end of training beside the task's, then the model's normalised
-spd range at every evaluation; with ``--plot`` it draws the model's range against the
+spd range at every evaluation and a text bar chart of the final range against
+depth; with ``--plot`` it draws the model's range against the
 training step, one line per depth, and the task's range as a dashed line.
 
     python -m lhc.graphs.report /tmp/range/depth* --plot /tmp/range/range.png
@@ -57,7 +58,24 @@ def table(runs: list[dict], variant: str = "spd_norm") -> str:
         )
     task = last[0][f"eval/task_range_{variant}"]
     lines.append(f"{'task':>5} " + " ".join(f"{task:>6.3f}" for _ in steps))
+    lines += ["", f"final model range ({variant}) against depth, | marks the task's:"]
+    lines += bar_chart(
+        [(f"{r['depth']} layers", e[f"eval/range_{variant}"]) for r, e in zip(runs, last)], task
+    )
     return "\n".join(lines)
+
+
+def bar_chart(rows: list[tuple[str, float]], reference: float, width: int = 50) -> list[str]:
+    """One text bar per (label, value), scaled so the largest value or the reference
+    fills ``width`` characters; ``|`` marks the reference."""
+    top = max([reference] + [v for _, v in rows]) or 1.0
+    mark = round(reference / top * width)
+    lines = []
+    for label, value in rows:
+        bar = list(("#" * round(value / top * width)).ljust(width + 1))
+        bar[mark] = "|"
+        lines.append(f"{label:>10} {''.join(bar)} {value:.3f}")
+    return lines
 
 
 def plot(runs: list[dict], path: str, variant: str = "spd_norm") -> None:

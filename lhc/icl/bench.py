@@ -202,7 +202,7 @@ def vectors_main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workdir", required=True, help="a model of configs/icl_classification.py")
     p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
     p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--noise", type=float, default=0.2)
+    p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")
     p.add_argument("--shots", type=int, default=1, help="demonstrations per class at test")
     p.add_argument("--episodes", type=int, default=200, help="extraction episodes")
     p.add_argument("--val-episodes", type=int, default=200)
@@ -217,9 +217,13 @@ def vectors_main(argv: list[str] | None = None) -> dict:
     model = exp.task.model
     print(f"model: {args.workdir} (step {step}); {args.tasks} tasks of {args.classes} classes, "
           f"{args.shots}-shot, {args.test_episodes} test episodes")  # fmt: skip
+    # The fixed tasks draw inputs as the model's pretraining prompts did.
+    data = exp.task.config.data
+    task_kwargs = dict(keywords=int(data.keywords), input_length=int(data.input_length),
+                       noise=float(data.noise if args.noise is None else args.noise))  # fmt: skip
     rows = []
     for seed in range(1, args.tasks + 1):
-        task = classification.fixed_task(seed, args.classes, noise=args.noise)
+        task = classification.fixed_task(seed, args.classes, **task_kwargs)
         fmt = task.format()
         train = classification.split(task, 400, seed=10 * seed)
         val = iterative.evaluation_episodes(classification.split(task, 400, 10 * seed + 1),
