@@ -1,0 +1,36 @@
+"""Decision Transformer and Decision Mixer for offline RL (``lhc.dm``).
+
+The models (``DecisionModel`` with ``DMConfig``: a Decision Transformer, or the
+Decision Mixer's routed layers with ``router=True``), the offline data layer in the
+D4RL layout (``OfflineDataset``, ``load_dataset``, ``SegmentSampler``,
+``returns_to_go``, ``normalized_score``).
+"""
+
+from lhc.dm.data import (
+    REF_SCORES,
+    OfflineDataset,
+    SegmentSampler,
+    Trajectory,
+    load_d4rl,
+    load_dataset,
+    normalized_score,
+    returns_to_go,
+    save_d4rl,
+)
+from lhc.dm.model import DecisionModel, DMConfig, aux_loss, flops_per_action
+
+__all__ = [
+    "REF_SCORES",
+    "DMConfig",
+    "DecisionModel",
+    "OfflineDataset",
+    "SegmentSampler",
+    "Trajectory",
+    "aux_loss",
+    "flops_per_action",
+    "load_d4rl",
+    "load_dataset",
+    "normalized_score",
+    "returns_to_go",
+    "save_d4rl",
+]
