@@ -8,5 +8,5 @@ OUT=${1:?usage: run.sh OUT_DIR}
 mkdir -p "$OUT"
 [ -d "$OUT/model/checkpoints" ] \
   || lhc train --config configs/icl_classification.py --workdir "$OUT/model"
-lhc bench icl-vectors --workdir "$OUT/model" --tasks 3 --shots 1 --episodes 200 \
+lhc bench icl-vectors --workdir "$OUT/model" --tasks 3 --shots 1 --ext-shots 1,2 --episodes 200 \
   --val-episodes 200 --test-episodes 1000 --json "$OUT/vectors.json" | tee "$OUT/vectors.txt"

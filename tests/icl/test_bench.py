@@ -84,4 +84,5 @@ def test_vectors_table_from_a_workdir(tmp_path):
         assert 0 <= row[key] <= 1
     assert len(row["grid"]) == 2 and row["strength"] in (0.5, 0.9)
     assert row["iv_val_f1"] == max(g["macro_f1"] for g in row["grid"])
-    assert 0 <= row["tv_layer"] < 4 and len(row["tv_val_f1"]) == 4
+    layers = config_lib.load_run_config(workdir).model.num_layers
+    assert 0 <= row["tv_layer"] < layers and len(row["tv_val_f1"]) == layers
