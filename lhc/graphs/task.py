@@ -59,6 +59,8 @@ class RangeTask(Task):
         data = self.config.data
         self.adjacency = make_graph(data)
         self.num_nodes = self.adjacency.shape[0]
+        # The padded topology, built once; every batch shares it with its own features.
+        self._template = from_adjacencies([self.adjacency], [np.zeros((self.num_nodes, 1))])
         self.channels = int(data.channels)
         self.task_fn = synthetic.SyntheticTask(
             synthetic.operator(self.adjacency, data.operator, int(data.k)),
@@ -76,7 +78,7 @@ class RangeTask(Task):
 
     def _graphs(self, x: jax.Array):
         """The fixed topology with node features ``x[B, N, C]``."""
-        template = from_adjacencies([self.adjacency], [np.zeros((self.num_nodes, 1))])
+        template = self._template
         batch = x.shape[0]
         tile = lambda a: jnp.broadcast_to(a, (batch,) + a.shape[1:])  # noqa: E731
         return template.replace(
