@@ -13,8 +13,8 @@ fixed at half the tokens). Sizes are the official Decision Transformer's gym set
 warm-up, gradient clipping 0.25, batch 64), which the Decision Mixer's code starts from
 at this scale; ``layers``, ``width``, ``heads``, ``context``, ``steps``, ``lr`` and
 ``batch`` override them. Rollouts every ``eval_every`` steps: ``episodes`` episodes
-conditioned on ``target`` (default: DT's hopper 3600, halfcheetah 6000, walker2d 5000;
-0 otherwise, e.g. Pendulum's best possible return), returns scaled by 1000. Add ``runlocal`` for a
+conditioned on ``target`` (default: the Decision Mixer's hopper 3600, halfcheetah 12000,
+walker2d 5000; 0 otherwise, e.g. Pendulum's best possible return), returns scaled by 1000. Add ``runlocal`` for a
 smoke test.
 """
 
@@ -22,7 +22,7 @@ import ml_collections
 
 from lhc.train.config import base_config, parse_arg
 
-TARGETS = {"hopper": 3600.0, "halfcheetah": 6000.0, "walker2d": 5000.0}
+TARGETS = {"hopper": 3600.0, "halfcheetah": 12000.0, "walker2d": 5000.0}
 MODELS = {
     "dt": dict(router=False),
     "dm": dict(router=True, aux=True),

@@ -2,7 +2,7 @@
 # Decision Transformer against the Decision Mixer and its two ablations (no auxiliary
 # predictor; capacity fixed at half the tokens) on locally made datasets: Pendulum-v1
 # medium (fast) and Hopper-v5 medium / medium-replay, several seeds each, then the table.
-#   experiments/decision_mixer/run.sh /tmp/dm                 # everything (about 1.5 h on 2 cores)
+#   experiments/decision_mixer/run.sh /tmp/dm                 # everything (about 2.5 h on 2 cores)
 #   PHASES=pendulum experiments/decision_mixer/run.sh /tmp/dm # one phase: pendulum, hopper
 # JOBS (default 2) runs are trained at once; every run is skipped if it has finished.
 set -euo pipefail
