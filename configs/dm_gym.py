@@ -14,8 +14,8 @@ warm-up, gradient clipping 0.25, batch 64), which the Decision Mixer's code star
 at this scale; ``layers``, ``width``, ``heads``, ``context``, ``steps``, ``lr`` and
 ``batch`` override them. Rollouts every ``eval_every`` steps: ``episodes`` episodes
 conditioned on ``target`` (default: the Decision Mixer's hopper 3600, halfcheetah 12000,
-walker2d 5000; 0 otherwise, e.g. Pendulum's best possible return), returns scaled by 1000. Add ``runlocal`` for a
-smoke test.
+walker2d 5000; 0 otherwise, e.g. Pendulum's best possible return), returns scaled by
+1000. Add ``runlocal`` for a smoke test.
 """
 
 import ml_collections
