@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.icl.iterative import Examples, Format, build_prompt
+from lhc.parallel import global_batch
 from lhc.train.causal_lm import CausalLMTask
 from lhc.train.tasks import register_task
 
@@ -98,12 +101,51 @@ def training_row(rng, max_classes: int, max_shots: int, width: int, **task_kwarg
     return {"tokens": tokens[None, :-1], "targets": tokens[None, 1:], "weights": weights[None, 1:]}
 
 
+def query_targets(targets: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a batch of ``training_row``: the index of the query's first label
+    target (the start of the last weighted run) and the number of classes in the prompt
+    (distinct first label tokens), from ``targets, weights: [B, T]``."""
+    weights = np.asarray(weights) > 0
+    starts = weights & ~np.pad(weights, ((0, 0), (1, 0)))[:, :-1]
+    query = np.array([np.flatnonzero(row)[-1] for row in starts])
+    classes = np.array([len(set(t[s].tolist())) for t, s in zip(np.asarray(targets), starts)])
+    return query.astype(np.int32), classes.astype(np.float32)
+
+
 @register_task("icl_classification")
 class PretrainTask(CausalLMTask):
     """Config keys: ``data`` (``max_classes``, ``max_shots``, ``width``, ``keywords``,
-    ``input_length``, ``noise``), ``model``, with those of ``CausalLMTask``."""
+    ``input_length``, ``noise``), ``model``, with those of ``CausalLMTask``.
+
+    Evaluation adds ``eval/query_accuracy``, how often the query's first label token is
+    the most likely next token (the in-context classification itself; the other label
+    tokens mostly follow from the first), and ``eval/query_chance``, the mean over
+    prompts of one over the number of classes shown.
+    """
 
     def _make_batch(self, seed, index, rows):
         data = dict(self.config.data)
         data.pop("name", None)
         return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))
+
+    def evaluate(self, params):
+        metrics = super().evaluate(params)
+        iterator = self._eval_iterator(jax.process_index(), jax.process_count())
+
+        def counts(params, batch):
+            rows = jnp.arange(batch["query"].shape[0])
+            logits = self._logits(params, batch)[rows, batch["query"]]
+            hit = jnp.argmax(logits, axis=-1) == batch["targets"][rows, batch["query"]]
+            return hit.sum(), (1.0 / batch["classes"]).sum(), rows.size
+
+        counts = jax.jit(counts)
+        totals = np.zeros(3)
+        for _ in range(int(self.config.eval_batches)):
+            batch = next(iterator)
+            batch["query"], batch["classes"] = query_targets(batch["targets"], batch["weights"])
+            totals += np.array(
+                jax.device_get(counts(params, global_batch(batch, self.mesh, self.rules))), float
+            )
+        metrics["eval/query_accuracy"] = totals[0] / totals[2]
+        metrics["eval/query_chance"] = totals[1] / totals[2]
+        return metrics

@@ -1,8 +1,18 @@
 """The pretraining prompts of ``lhc.icl.classification``."""
 
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from lhc.icl.classification import LABEL_WORDS, SEPARATOR, training_row
+from lhc.train import config as config_lib
+from lhc.train.trainer import build_experiment
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
 def _blocks(tokens):
@@ -29,3 +39,45 @@ def test_training_prompts_show_every_class_before_the_query():
         # Inputs: 4 lower-case letters before each separator.
         assert all(len(x) == 4 and x.isalpha() and x.islower() for x, _ in blocks)
         assert SEPARATOR == ord("\n")
+
+
+def test_evaluation_scores_the_query_label_against_a_direct_computation():
+    config = config_lib.load_config(str(CONFIGS / "icl_classification.py") + ":runlocal")
+    exp = build_experiment(config)
+    params = nn.meta.unbox(exp.task.init_params(jax.random.key(0)))
+    metrics = exp.task.evaluate(params)
+    iterator = exp.task._eval_iterator(0, 1)
+    hits, chance = [], []
+    for _ in range(int(config.eval_batches)):
+        batch = next(iterator)
+        positions = np.broadcast_to(np.arange(batch["tokens"].shape[1]), batch["tokens"].shape)
+        logits, _ = exp.task.model.apply({"params": params}, batch["tokens"], positions)
+        for tokens, targets, row_logits in zip(
+            batch["tokens"], batch["targets"], np.asarray(logits)
+        ):
+            # The query's label is the prompt's last five tokens.
+            first = np.flatnonzero(targets)[-1] - 4
+            assert bytes(targets[first : first + 5].tolist()).decode() in LABEL_WORDS
+            hits.append(row_logits[first].argmax() == targets[first])
+            labels = {label for _, label in _blocks(np.concatenate([tokens[:1], targets]))}
+            chance.append(1 / len(labels))
+    assert metrics["eval/query_accuracy"] == pytest.approx(np.mean(hits))
+    assert metrics["eval/query_chance"] == pytest.approx(np.mean(chance))
+
+
+def test_query_accuracy_reads_the_query_position_only(monkeypatch):
+    config = config_lib.load_config(str(CONFIGS / "icl_classification.py") + ":runlocal")
+    exp = build_experiment(config)
+
+    def oracle(params, batch, rng=None):
+        # Right everywhere but at the query's first label token in even rows.
+        targets = batch["targets"]
+        rows, width = jnp.arange(targets.shape[0]), targets.shape[1]
+        query = width - 1 - jnp.argmax(targets[:, ::-1] != 0, axis=1) - 4
+        wrong = (jnp.arange(width)[None] == query[:, None]) & (rows[:, None] % 2 == 0)
+        return jax.nn.one_hot(jnp.where(wrong, targets + 1, targets), 256)
+
+    monkeypatch.setattr(exp.task, "_logits", oracle)
+    metrics = exp.task.evaluate(None)
+    assert metrics["eval/query_accuracy"] == 0.5  # batches of 4 rows, 2 odd
+    assert metrics["eval/accuracy"] < 1
