@@ -78,9 +78,12 @@ def split(task: Task, count: int, seed: int) -> Examples:
     return Examples([task.sample(rng, c) for c in labels], labels, task.num_classes)
 
 
-def training_row(rng, max_classes: int, max_shots: int, width: int, **task_kwargs):
+def training_row(rng, max_classes: int, max_shots: int, width: int, separator: bool = True,
+                 **task_kwargs):  # fmt: skip
     """One pretraining prompt, right-padded to ``width``: ``tokens``, ``targets``,
-    ``weights`` (1 on the label words), each ``[1, width - 1]``."""
+    ``weights`` (1 on the label words), each ``[1, width - 1]``. Without ``separator``
+    the labels follow their inputs directly (``input label``), the easier prompts that
+    a curriculum (``PretrainTask``'s ``stages``) starts from."""
     task = random_task(rng, int(rng.integers(2, max_classes + 1)), **task_kwargs)
     shots = int(rng.integers(1, max_shots + 1))
     classes = rng.permutation(np.repeat(np.arange(task.num_classes), shots))
@@ -90,15 +93,18 @@ def training_row(rng, max_classes: int, max_shots: int, width: int, **task_kwarg
     support = [(task.sample(rng, c), int(c)) for c in classes]
     query = int(rng.integers(task.num_classes))
     prompt = build_prompt(fmt, support, task.sample(rng, query), query)
+    tokens, starts = prompt.tokens, prompt.separators + 1
+    if not separator:  # each separator out, the tokens after it one place earlier
+        tokens = np.delete(tokens, prompt.separators)
+        starts = prompt.separators - np.arange(len(prompt.separators))
+    if len(tokens) > width:
+        raise ValueError(f"a prompt of {len(tokens)} tokens exceeds width {width}")
     weights = np.zeros(width, np.float32)
-    label_length = len(fmt.labels[0])
-    for sep in prompt.separators:
-        weights[sep + 1 : sep + 1 + label_length] = 1
-    if len(prompt.tokens) > width:
-        raise ValueError(f"a prompt of {len(prompt.tokens)} tokens exceeds width {width}")
-    tokens = np.zeros(width, np.int32)
-    tokens[: len(prompt.tokens)] = prompt.tokens
-    return {"tokens": tokens[None, :-1], "targets": tokens[None, 1:], "weights": weights[None, 1:]}
+    for start in starts:
+        weights[start : start + len(fmt.labels[0])] = 1
+    padded = np.zeros(width, np.int32)
+    padded[: len(tokens)] = tokens
+    return {"tokens": padded[None, :-1], "targets": padded[None, 1:], "weights": weights[None, 1:]}
 
 
 def query_targets(targets: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +121,14 @@ def query_targets(targets: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray,
 @register_task("icl_classification")
 class PretrainTask(CausalLMTask):
     """Config keys: ``data`` (``max_classes``, ``max_shots``, ``width``, ``keywords``,
-    ``input_length``, ``noise``), ``model``, with those of ``CausalLMTask``.
+    ``input_length``, ``noise``, optional ``stages``), ``model``, with those of
+    ``CausalLMTask``.
+
+    ``stages`` is a curriculum: a list of dicts, each ``steps`` (how many training steps
+    it lasts) and the data keys it changes (``separator``, ``max_classes``,
+    ``max_shots``, ...); after the last stage, and for evaluation, the prompts are those
+    of the data keys themselves. Batch ``i`` is drawn with the settings of step ``i``,
+    so a resumed run continues the curriculum where it stopped.
 
     Evaluation adds ``eval/query_accuracy``, how often the query's first label token is
     the most likely next token (the in-context classification itself; the other label
@@ -123,9 +136,32 @@ class PretrainTask(CausalLMTask):
     prompts of one over the number of classes shown.
     """
 
-    def _make_batch(self, seed, index, rows):
+    def _data(self, step: int | None) -> dict:
+        """``training_row``'s keyword arguments at training step ``step`` (None: after
+        the curriculum)."""
         data = dict(self.config.data)
         data.pop("name", None)
+        allowed = (set(data) | {"separator"}) - {"width", "stages"}
+        end, found = 0, None
+        for stage in data.pop("stages", None) or ():
+            stage = dict(stage)
+            steps = int(stage.pop("steps", 0))
+            if steps <= 0 or set(stage) - allowed:
+                raise ValueError(
+                    f"config.data.stages: each stage needs steps > 0 and only keys among "
+                    f"{sorted(allowed)}, got {dict(stage, steps=steps)}"
+                )
+            end += steps
+            if found is None and step is not None and step < end:
+                found = stage
+        return {**data, **(found or {})}
+
+    def _make_batch(self, seed, index, rows):
+        data = self._data(index)
+        return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))
+
+    def _make_eval_batch(self, seed, index, rows):
+        data = self._data(None)
         return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))
 
     def evaluate(self, params):

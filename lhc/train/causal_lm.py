@@ -115,9 +115,15 @@ class CausalLMTask(Task):
         kwargs = self._generator_kwargs()
         return stack_rows(lambda rng: generator(rng, 1, **kwargs), row_rngs(seed, index, rows))
 
-    def _iterator(self, seed: int, process_index: int, process_count: int) -> IndexedIterator:
+    def _make_eval_batch(self, seed, index, rows):
+        """Held-out batches: by default drawn as the training batches are."""
+        return self._make_batch(seed, index, rows)
+
+    def _iterator(
+        self, seed: int, process_index: int, process_count: int, make_batch=None
+    ) -> IndexedIterator:
         return IndexedIterator(
-            self._make_batch,
+            make_batch or self._make_batch,
             seed=seed,
             batch_size=int(self.config.batch_size),
             process_index=process_index,
@@ -126,7 +132,7 @@ class CausalLMTask(Task):
 
     def _eval_iterator(self, process_index: int, process_count: int) -> IndexedIterator:
         eval_seed = int(self.config.seed) + 1_000_003  # a stream disjoint from training
-        return self._iterator(eval_seed, process_index, process_count)
+        return self._iterator(eval_seed, process_index, process_count, self._make_eval_batch)
 
     def batch_spec(self, batch_size):
         example = self._make_batch(0, 0, range(1))

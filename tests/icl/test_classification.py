@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lhc.icl.classification import LABEL_WORDS, SEPARATOR, training_row
+from lhc.icl.classification import LABEL_WORDS, SEPARATOR, query_targets, training_row
 from lhc.train import config as config_lib
 from lhc.train.trainer import build_experiment
 
@@ -81,3 +81,68 @@ def test_query_accuracy_reads_the_query_position_only(monkeypatch):
     metrics = exp.task.evaluate(None)
     assert metrics["eval/query_accuracy"] == 0.5  # batches of 4 rows, 2 odd
     assert metrics["eval/accuracy"] < 1
+
+
+def test_prompts_without_separator_are_the_same_prompts_with_the_separators_taken_out():
+    for seed in range(10):
+        kwargs = dict(max_classes=4, max_shots=2, width=112, input_length=1)
+        with_sep = training_row(np.random.default_rng(seed), **kwargs)
+        plain = training_row(np.random.default_rng(seed), separator=False, **kwargs)
+        full = bytes(np.concatenate([with_sep["tokens"][0, :1], with_sep["targets"][0]]).tolist())
+        text = bytes(np.concatenate([plain["tokens"][0, :1], plain["targets"][0]]).tolist())
+        # The separator is the single newline between an input letter and its label.
+        want = b"\n\n\n".join(
+            b"".join(block.split(b"\n")) for block in full.rstrip(b"\0").split(b"\n\n\n")
+        )
+        assert text.rstrip(b"\0") == want
+        labels = [block[1:] for block in want.split(b"\n\n\n")]
+        weighted = bytes(plain["targets"][0][plain["weights"][0] > 0].tolist())
+        assert weighted == b"".join(labels)
+
+
+def test_stages_set_the_prompts_of_each_step_and_evaluation_uses_the_final_ones():
+    config = config_lib.load_config(str(CONFIGS / "icl_classification.py") + ":runlocal")
+    config.unlock()
+    config.data.stages = [dict(steps=3, separator=False, max_classes=2), dict(steps=2, max_shots=1)]
+    task = build_experiment(config).task
+
+    def newlines(batch):  # per row: the newline count (3 per block, plus the separators)
+        return (np.concatenate([batch["tokens"][:, :1], batch["targets"]], 1) == SEPARATOR).sum(1)
+
+    def classes(batch):
+        return query_targets(batch["targets"], batch["weights"])[1]
+
+    rows = range(4)
+    for step in range(3):
+        batch = task._make_batch(0, step, rows)
+        assert (classes(batch) == 2).all()
+        blocks = [
+            len(_blocks(np.concatenate([t[:1], u])))
+            for t, u in zip(batch["tokens"], batch["targets"])
+        ]
+        assert (newlines(batch) == 3 * (np.array(blocks) - 1)).all()  # no separators
+    for step in (3, 4):
+        batch = task._make_batch(0, step, rows)
+        blocks = [
+            _blocks(np.concatenate([t[:1], u])) for t, u in zip(batch["tokens"], batch["targets"])
+        ]
+        # One demonstration per class and the query: classes + 1 blocks, separators back.
+        assert [len(b) for b in blocks] == (classes(batch) + 1).tolist()
+        assert all(len(block) == 2 for b in blocks for block in b)
+    assert (
+        task._data(5)
+        == task._data(None)
+        == {k: v for k, v in config.data.items() if k not in ("name", "stages")}
+    )
+    np.testing.assert_array_equal(
+        task._make_eval_batch(0, 5, rows)["tokens"], task._make_batch(0, 5, rows)["tokens"]
+    )
+    # Evaluation at a step of the first stage: the final prompts, separators included.
+    batch = task._make_eval_batch(0, 1, rows)
+    blocks = [
+        _blocks(np.concatenate([t[:1], u])) for t, u in zip(batch["tokens"], batch["targets"])
+    ]
+    assert all(len(block) == 2 for b in blocks for block in b)
+    config.data.stages = [dict(steps=3, width=64)]
+    with pytest.raises(ValueError, match=r"config.data.stages: .*width"):
+        build_experiment(config).task._make_batch(0, 0, rows)
