@@ -1,16 +1,18 @@
 """Generated in-context classification in the prompt format of Iterative Vectors.
 
-A task has ``classes`` classes; each class owns ``keywords`` lower-case letters and a
-label word (five letters, first letters all different). An input is ``input_length``
-letters, each one of its class's keywords, or with probability ``noise`` any letter. A
-demonstration is ``input\\nlabel``, demonstrations are joined by ``\\n\\n\\n`` and the query
-is ``input\\n`` (the released code's layout; byte tokens).
+A task has ``classes`` classes; each class owns ``keywords`` upper-case letters and a
+label word (five lower-case letters, first letters all different), so inputs and labels
+are different tokens. An input is ``input_length`` letters, each one of its class's
+keywords, or with probability ``noise`` any upper-case letter. A demonstration is
+``input\\nlabel``, demonstrations are joined by ``\\n\\n\\n`` and the query is ``input\\n``
+(the released code's layout; byte tokens).
 
 ``PretrainTask`` trains a decoder on prompts that each draw a new task (2 to
 ``max_classes`` classes, 1 to ``max_shots`` demonstrations per class, shuffled, then a
-query of a random class), the loss on the label words: in-context classification in general. ``fixed_task`` draws one
-task from a seed and ``split`` its labelled inputs, the analogue of a dataset's train,
-validation and test splits for the Iterative Vectors experiment.
+query of a random class), the loss on the label words: in-context classification in
+general, optionally through a curriculum of easier prompts first. ``fixed_task`` draws
+one task from a seed and ``split`` its labelled inputs, the analogue of a dataset's
+train, validation and test splits for the Iterative Vectors experiment.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ LABEL_WORDS = ("apple", "bread", "chair", "dance", "eagle", "flame", "grape", "h
                "igloo", "juice", "knife", "lemon", "mango", "noble", "ocean", "piano",
                "queen", "river", "stone", "tiger", "uncle", "vivid", "whale", "xenon",
                "yacht", "zebra")  # fmt: skip
-LETTERS = np.arange(ord("a"), ord("z") + 1, dtype=np.int32)
+LETTERS = np.arange(ord("A"), ord("Z") + 1, dtype=np.int32)  # of the inputs
 SEPARATOR = ord("\n")
 BLOCK = (ord("\n"),) * 3
 

@@ -36,8 +36,8 @@ def test_training_prompts_show_every_class_before_the_query():
         weights = row["weights"][0]
         weighted = bytes(int(t) for t in row["targets"][0][weights > 0]).decode()
         assert weighted == "".join(labels) and weights.sum() == 5 * len(labels)
-        # Inputs: 4 lower-case letters before each separator.
-        assert all(len(x) == 4 and x.isalpha() and x.islower() for x, _ in blocks)
+        # Inputs: 4 upper-case letters before each separator.
+        assert all(len(x) == 4 and x.isalpha() and x.isupper() for x, _ in blocks)
         assert SEPARATOR == ord("\n")
 
 
