@@ -32,9 +32,20 @@ from lhc.train.config import base_config, parse_arg
 from lhc.train.optim import adamw_cosine
 
 
+def _stages(arg) -> list[dict]:
+    """Without separator for ``plain_steps``, then with it in half the prompts for
+    ``mixed_steps``."""
+    stages = [dict(steps=int(arg.plain_steps), separator=False),
+              dict(steps=int(arg.mixed_steps), separator=0.5)]  # fmt: skip
+    stages = [s for s in stages if s["steps"] > 0]
+    if arg.runlocal:  # one step of each
+        stages = [dict(s, steps=1) for s in stages]
+    return stages
+
+
 def get_config(arg=None):
     arg = parse_arg(arg, steps=5000, lr=3e-3, batch=64, classes=2, shots=1, width=28,
-                    plain_steps=2000, runlocal=False)  # fmt: skip
+                    plain_steps=2000, mixed_steps=0, runlocal=False)  # fmt: skip
     config = base_config("lhc.icl.classification:PretrainTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
@@ -46,8 +57,7 @@ def get_config(arg=None):
     config.data = ml_collections.ConfigDict(
         dict(name="icl_classification", max_classes=int(arg.classes), max_shots=int(arg.shots),
              width=int(arg.width), keywords=1, input_length=1, noise=0.1,
-             stages=[dict(steps=2 if arg.runlocal else int(arg.plain_steps), separator=False)]
-             if int(arg.plain_steps) else [])
+             stages=_stages(arg))
     )  # fmt: skip
     config.model = ml_collections.ConfigDict(
         dict(vocab_size=256, num_layers=2, embed_dim=64, num_heads=4, num_kv_heads=4,

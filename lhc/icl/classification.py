@@ -80,12 +80,17 @@ def split(task: Task, count: int, seed: int) -> Examples:
     return Examples([task.sample(rng, c) for c in labels], labels, task.num_classes)
 
 
-def training_row(rng, max_classes: int, max_shots: int, width: int, separator: bool = True,
-                 **task_kwargs):  # fmt: skip
+def training_row(rng, max_classes: int, max_shots: int, width: int,
+                 separator: bool | float = True, **task_kwargs):  # fmt: skip
     """One pretraining prompt, right-padded to ``width``: ``tokens``, ``targets``,
     ``weights`` (1 on the label words), each ``[1, width - 1]``. Without ``separator``
     the labels follow their inputs directly (``input label``), the easier prompts that
-    a curriculum (``PretrainTask``'s ``stages``) starts from."""
+    a curriculum (``PretrainTask``'s ``stages``) starts from; a ``separator`` strictly
+    between 0 and 1 is the probability of the separator in this prompt."""
+    if not 0 <= float(separator) <= 1:
+        raise ValueError(f"separator must be a bool or a probability in [0, 1], got {separator}")
+    if 0 < float(separator) < 1:
+        separator = bool(rng.random() < float(separator))
     task = random_task(rng, int(rng.integers(2, max_classes + 1)), **task_kwargs)
     shots = int(rng.integers(1, max_shots + 1))
     classes = rng.permutation(np.repeat(np.arange(task.num_classes), shots))

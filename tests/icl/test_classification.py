@@ -146,3 +146,17 @@ def test_stages_set_the_prompts_of_each_step_and_evaluation_uses_the_final_ones(
     config.data.stages = [dict(steps=3, width=64)]
     with pytest.raises(ValueError, match=r"config.data.stages: .*width"):
         build_experiment(config).task._make_batch(0, 0, rows)
+
+
+def test_a_separator_probability_mixes_the_two_prompt_formats():
+    kwargs = dict(max_classes=3, max_shots=2, width=72, input_length=1)
+    formats = []
+    for seed in range(40):
+        row = training_row(np.random.default_rng(seed), separator=0.5, **kwargs)
+        blocks = _blocks(np.concatenate([row["tokens"][0, :1], row["targets"][0]]))
+        sizes = {len(block) for block in blocks}
+        assert sizes in ({1}, {2})  # all blocks with the separator, or none
+        formats.append(sizes == {2})
+    assert 10 < sum(formats) < 30
+    with pytest.raises(ValueError, match="separator must be a bool or a probability"):
+        training_row(np.random.default_rng(0), separator=1.5, **kwargs)
