@@ -22,7 +22,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lhc import lm
@@ -57,7 +56,9 @@ def _target_view(cache: QuantSpecCache) -> QuantSpecCache:
 
 
 def _draft_weights(params):
-    return dequantize_params(params, jnp.float32)
+    # Dequantized once per round into each kernel's own dtype (bfloat16 for a bfloat16
+    # model: the layers cast to their compute dtype anyway).
+    return dequantize_params(params)
 
 
 def quantspec_model(model: lm.Transformer, *, group_size: int = 128) -> QuantSpecLM:

@@ -41,6 +41,7 @@ class Int4Weight:
         shape: the kernel's shape.
         in_axes: how many leading axes of ``shape`` are inputs.
         group_size: input rows per group.
+        dtype: the kernel's dtype, which the dequantized kernel takes by default.
     """
 
     codes: jax.Array
@@ -48,6 +49,7 @@ class Int4Weight:
     shape: tuple[int, ...] = struct.field(pytree_node=False)
     in_axes: int = struct.field(pytree_node=False)
     group_size: int = struct.field(pytree_node=False)
+    dtype: str = struct.field(pytree_node=False, default="float32")
 
 
 def quantize_weight(
@@ -80,14 +82,16 @@ def quantize_weight(
         shape=shape,
         in_axes=in_axes,
         group_size=group_size,
+        dtype=jnp.dtype(w.dtype).name,
     )
 
 
-def dequantize_weight(q: Int4Weight, dtype=jnp.float32) -> jax.Array:
-    """The kernel ``scale * (code - 8)`` in its shape and ``dtype``."""
+def dequantize_weight(q: Int4Weight, dtype=None) -> jax.Array:
+    """The kernel ``scale * (code - 8)`` in its shape and ``dtype`` (default: the
+    quantized kernel's own)."""
     codes = unpack_nibbles(q.codes).astype(jnp.float32) - 8.0
     scale = jnp.repeat(q.scale.astype(jnp.float32), q.group_size, axis=0)
-    return (codes * scale).reshape(q.shape).astype(dtype)
+    return (codes * scale).reshape(q.shape).astype(q.dtype if dtype is None else dtype)
 
 
 def int4_matmul(x: jax.Array, q: Int4Weight) -> jax.Array:
@@ -135,8 +139,9 @@ def quantize_params(params, *, group_size: int = 128, layers: str = "mlp", scale
     return out
 
 
-def dequantize_params(params, dtype=jnp.float32):
-    """``params`` with every ``Int4Weight`` turned back into a kernel of ``dtype``."""
+def dequantize_params(params, dtype=None):
+    """``params`` with every ``Int4Weight`` turned back into a kernel of ``dtype``
+    (default: each kernel's own, so that a bfloat16 model's draft reads bfloat16)."""
     return jax.tree.map(
         lambda x: dequantize_weight(x, dtype) if isinstance(x, Int4Weight) else x,
         params,

@@ -39,6 +39,30 @@ def test_int4_codes_bound_and_matmul():
     np.testing.assert_allclose(int4_matmul(jnp.asarray(x), q), want, rtol=1e-4, atol=1e-4)
 
 
+def test_dequantized_kernel_keeps_its_dtype():
+    # A bfloat16 model's draft reads bfloat16 kernels (the values the float32
+    # dequantization rounds to), not float32 ones of twice the bytes.
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(32, 8)), jnp.bfloat16)
+    q = quantize_weight(w, group_size=16)
+    deq = dequantize_weight(q)
+    assert deq.dtype == jnp.bfloat16
+    want = (np.asarray(unpack_codes(q), np.float32) - 8) * np.repeat(
+        np.asarray(q.scale, np.float32), 16, axis=0
+    )
+    np.testing.assert_array_equal(
+        np.asarray(deq, np.float32), np.asarray(jnp.asarray(want, jnp.bfloat16), np.float32)
+    )
+    assert dequantize_weight(q, jnp.float32).dtype == jnp.float32
+    params = {"layers_0": {"mlp": {"up": {"kernel": q}}}, "norm": {"scale": jnp.ones(8)}}
+    assert dequantize_params(params)["layers_0"]["mlp"]["up"]["kernel"].dtype == jnp.bfloat16
+
+
+def unpack_codes(q):
+    """The 4-bit codes of ``q`` ``[in, out]``, element 2i in the low nibble, by numpy."""
+    packed = np.asarray(q.codes)
+    return np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
+
+
 def test_quantize_params_picks_the_mlp_or_every_projection():
     config = lm.LMConfig(vocab_size=64, num_layers=2, embed_dim=32, num_heads=4,
                          num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=64)  # fmt: skip
