@@ -117,7 +117,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # pragma: no cover
 
 
-def _make_data(n_train: int, n_test: int, features: int, classes: int, seed: int):
+def make_data(n_train: int, n_test: int, features: int, classes: int, seed: int):
     import numpy as np
     from sklearn.datasets import make_classification
 
@@ -138,7 +138,7 @@ def _worker(args) -> None:
     _limit_memory(args.memory_limit_gb)
     import numpy as np
 
-    X_train, y_train, X_test, y_test = _make_data(
+    X_train, y_train, X_test, y_test = make_data(
         args.n_train, args.test_rows, args.features, args.classes, args.seed
     )
     if args.worker == "reference":
@@ -220,7 +220,7 @@ class _StageTimers:
             setattr(inference, name, fn)
 
 
-def _save_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
+def save_random_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Path]:
     """A random default-config reference model as .ckpt, and its Orbax conversion."""
     import torch
     from tabicl import TabICL
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="lhc_tabicl_bench_") as tmp:
         tmp = Path(tmp)
-        ckpt, orbax_dir = _save_models(tmp, args.tiny_model, args.seed)
+        ckpt, orbax_dir = save_random_models(tmp, args.tiny_model, args.seed)
         env = dict(os.environ)
         env.setdefault("JAX_PLATFORMS", "cpu")
         for n_train in args.sizes:
