@@ -1,0 +1,642 @@
+"""llama.cpp GGUF files of the Llama, Qwen2 and Mistral families, without torch.
+
+``load(path)`` reads a ``.gguf`` file and returns an ``LMConfig`` and parameters for
+``lhc.lm.Transformer``; ``load_tokenizer(path)`` builds its tokenizer and chat template
+and ``stop_tokens(path)`` its end-of-generation ids, all from the same file.
+
+A GGUF file is llama.cpp's single-file checkpoint: a header of typed key/value metadata
+(the model's hyperparameters under ``{arch}.*``, the vocabulary under ``tokenizer.*``),
+a table of tensors, then the tensor data, each tensor in its own ggml type: F32, F16,
+BF16, or a block quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K-Q6_K:
+blocks of 32 or 256 values sharing scales). The file is memory-mapped with llama.cpp's
+own ``gguf`` package and each tensor is dequantized to float32 with
+``gguf.quants.dequantize`` when it is converted, one at a time.
+
+The metadata becomes a Hugging Face ``config.json`` dict and the tensors get Hugging Face
+names, so ``lhc.lm.hf.config_from_hf`` and ``lhc.lm.hf.params_from_hf`` build (and
+check) the config and parameters::
+
+    general.architecture "llama" | "qwen2"  -> LlamaForCausalLM | Qwen2ForCausalLM
+    {arch}.block_count                       -> num_hidden_layers
+    {arch}.embedding_length                  -> hidden_size
+    {arch}.feed_forward_length               -> intermediate_size
+    {arch}.attention.head_count(_kv)         -> num_attention_heads (num_key_value_heads)
+    {arch}.attention.key_length              -> head_dim (else rope.dimension_count,
+                                                else hidden_size / head_count)
+    {arch}.attention.layer_norm_rms_epsilon  -> rms_norm_eps
+    {arch}.context_length                    -> max_position_embeddings
+    {arch}.rope.freq_base                    -> rope_theta
+    {arch}.rope.scaling.type/.factor         -> rope_scaling ("linear")
+    rope_freqs.weight (tensor)               -> rope_scaling ("llama3", see below)
+    rows of token_embd.weight                -> vocab_size
+    no output.weight tensor                  -> tie_word_embeddings
+
+    token_embd.weight               -> model.embed_tokens.weight
+    blk.i.attn_norm.weight          -> model.layers.i.input_layernorm.weight
+    blk.i.attn_{q,k,v}.weight/.bias -> model.layers.i.self_attn.{q,k,v}_proj.weight/.bias
+    blk.i.attn_output.weight        -> model.layers.i.self_attn.o_proj.weight
+    blk.i.ffn_norm.weight           -> model.layers.i.post_attention_layernorm.weight
+    blk.i.ffn_{gate,up,down}.weight -> model.layers.i.mlp.{gate,up,down}_proj.weight
+    output_norm.weight              -> model.norm.weight
+    output.weight                   -> lm_head.weight
+
+GGUF lists a tensor's dimensions fastest-varying first (``ne``); ``GGUFReader`` gives the
+data in numpy order, so a linear layer arrives as Hugging Face's ``[out, in]``.
+
+llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` of ``"llama"`` files
+(Mistral files are ``"llama"`` files too; Qwen2 files are not permuted): within each head
+of ``H`` rows, Hugging Face's rotate-half row ``j * H/2 + i`` (half ``j``, pair ``i``) is
+stored at row ``2 i + j``, the interleaved pairs of ggml's RoPE. ``load`` undoes it.
+
+Llama 3's RoPE scaling is stored as a ``rope_freqs.weight`` tensor of per-frequency
+divisors (1 for short wavelengths, ``factor`` for long ones, a blend between) rather than
+as metadata; ``load`` recovers the ``llama3`` parameters from it and checks that they
+reproduce every divisor.
+
+Tokenizer (``tokenizer.ggml.*``), built with the ``tokenizers`` library:
+
+* ``model == "gpt2"``: byte-level BPE over ``tokens`` and ``merges``, text split as the
+  ``pre`` type says (the GPT-2 pattern; the Llama 3, Qwen2, Tekken and GPT-4o patterns;
+  digits one by one before the GPT-2 pattern for SmolLM and StarCoder, as llama.cpp and
+  their ``tokenizer.json`` do); Llama 3 vocabularies take a word that is a vocabulary
+  entry whole (``ignore_merges``). An unknown ``pre`` is an error, not a guess.
+* ``model == "llama"``: SentencePiece-style BPE: ``"▁"`` for spaces (one prepended to the
+  text when ``add_space_prefix``), merges from ``merges`` or else ranked by the
+  ``scores`` of the merged pieces, unknown characters as ``<0xXX>`` byte tokens.
+
+Tokens typed CONTROL or UNKNOWN become special added tokens (matched whole in the text,
+dropped by ``decode(skip_special_tokens=True)``), USER_DEFINED ones plain added tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+from lhc.lm import hf
+from lhc.lm.config import LMConfig
+from lhc.lm.model import param_shardings, stack_layer_params
+from lhc.lm.tokenizers import HFTokenizer
+from lhc.nn.rope import rope_frequencies
+from lhc.parallel.mesh import LOGICAL_AXIS_RULES
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_TENSOR_TYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+)  # fmt: skip
+_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_REQUIRED = object()
+
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
+_ROPE_FREQS = "rope_freqs.weight"
+
+# llama.cpp's tokenizer.ggml.token_type values.
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
+
+# Split patterns of byte-level vocabularies, by tokenizer.ggml.pre (those of the
+# models' own tokenizer.json files, which llama.cpp re-implements).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {
+    **dict.fromkeys(
+        ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3", "pixtral"), _LLAMA3_SPLIT
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
+    "tekken": _TEKKEN_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,
+}
+# The GPT-2 pattern itself (the ByteLevel pre-tokenizer's own); "default" is what the
+# converter writes for a vocabulary it does not recognise.
+_GPT2_PRE = ("default", "gpt-2", "gpt2", "mpt", "olmo", "jais")
+# Digits one by one, then the GPT-2 pattern.
+_DIGITS_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
+# A word that is itself a vocabulary entry is one token, whatever the merges (Llama 3's
+# tokenizer.json has ignore_merges; llama.cpp sets it for these).
+_IGNORE_MERGES_PRE = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral")
+
+
+# Reading -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _File:
+    """An open GGUF file: its path (for messages), reader and tensors by name."""
+
+    path: str
+    reader: gguf.GGUFReader
+    tensors: dict[str, Any]
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is _REQUIRED:
+                raise ValueError(f"{self.path}: metadata key {key!r} is missing")
+            return default
+        return field.contents()
+
+
+def _open(path: str | os.PathLike) -> _File:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, expected b'GGUF'")
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} is truncated or corrupt: the GGUF reader failed ({error})"
+        ) from error
+    return _File(path, reader, {tensor.name: tensor for tensor in reader.tensors})
+
+
+def _numpy_shape(tensor: Any) -> tuple[int, ...]:
+    """A tensor's shape in numpy order (GGUF lists ``ne``, fastest-varying first)."""
+    return tuple(int(n) for n in reversed(tensor.shape))
+
+
+def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Hugging Face's rotate-half row order of a q/k weight ``[N*H, ...]`` (or bias
+    ``[N*H]``) from llama.cpp's interleaved one (row ``2 i + j`` of a head holds
+    Hugging Face's row ``j * H/2 + i``)."""
+    rest = weight.shape[1:]
+    pairs = weight.reshape(num_heads, -1, 2, *rest)  # [N, H/2 (i), 2 (j), ...]
+    return np.ascontiguousarray(pairs.swapaxes(1, 2)).reshape(weight.shape)
+
+
+class _Dequantized:
+    """One GGUF tensor, dequantized (and un-permuted) only when made an array, so that
+    ``params_from_hf`` holds one float32 tensor at a time beside the parameters."""
+
+    def __init__(self, tensor: Any, permuted_heads: int | None = None):
+        self._tensor = tensor
+        self._permuted_heads = permuted_heads
+        self.shape = _numpy_shape(tensor)
+
+    def __array__(self, dtype=None, copy=None):
+        values = gguf.quants.dequantize(self._tensor.data, self._tensor.tensor_type)
+        values = values.reshape(self.shape)
+        if self._permuted_heads is not None:
+            values = _unpermute_rows(values, self._permuted_heads)
+        return values if dtype is None else values.astype(dtype)
+
+
+# Config ------------------------------------------------------------------------------
+
+
+def _llama3_rope_scaling(
+    divisors: np.ndarray, rope_theta: float, head_dim: int, source: str
+) -> dict[str, Any] | None:
+    """The ``llama3`` RoPE scaling whose frequencies are llama.cpp's ``rope_freqs``.
+
+    llama.cpp divides frequency ``k`` by ``divisors[k]``: 1 for wavelengths below
+    ``original / high``, ``factor`` above ``original / low``, and
+    ``1 / ((1 - s) / factor + s)`` between, with ``s = (original / wavelength - low) /
+    (high - low)``, linear in 1/wavelength. Only the ratios ``low / original`` and
+    ``high / original`` matter, so ``low`` is taken as 1 (Llama 3's value); they are
+    fitted from the blended frequencies, or Llama 3's published values (1, 4, 8192) are
+    used when fewer than two frequencies are blended.
+
+    Raises:
+        ValueError: the divisors follow no ``llama3`` scaling.
+    """
+    base = rope_frequencies(head_dim, rope_theta).astype(np.float64)
+    divisors = np.asarray(divisors, np.float64)
+    if divisors.shape != base.shape:
+        raise ValueError(
+            f"{source}: {_ROPE_FREQS} has shape {divisors.shape}, expected {base.shape} "
+            f"(head_dim {head_dim} / 2)"
+        )
+    factor = float(divisors.max())
+    if np.allclose(divisors, 1.0):
+        return None
+    inverse_wavelengths = base / (2 * math.pi)
+    blend = (1 / divisors - 1 / factor) / (1 - 1 / factor)  # s: 0 long, 1 short
+    blended = (blend > 1e-4) & (blend < 1 - 1e-4)
+    low, high, original = 1.0, 4.0, 8192
+    if blended.sum() >= 2:
+        slope, intercept = np.polyfit(inverse_wavelengths[blended], blend[blended], 1)
+        if slope > 0 and intercept < 0:
+            high = round(float(1 - 1 / intercept), 4)
+            original = int(round(float(-slope / intercept)))
+    scaling = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": original,
+    }
+    implied = base / rope_frequencies(head_dim, rope_theta, scaling)
+    if not np.allclose(implied, divisors, rtol=1e-3, atol=0):
+        raise ValueError(
+            f"{source}: the RoPE divisors in {_ROPE_FREQS} follow no llama3 scaling "
+            f"(closest: {scaling}); only linear and llama3 RoPE scaling are supported"
+        )
+    return scaling
+
+
+def _rope_scaling(
+    file: _File, arch: str, rope_theta: float, head_dim: int
+) -> dict[str, Any] | None:
+    tensors = file.tensors
+    if _ROPE_FREQS in tensors:
+        divisors = np.asarray(_Dequantized(tensors[_ROPE_FREQS]))
+        return _llama3_rope_scaling(divisors, rope_theta, head_dim, file.path)
+    kind = file.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(file.get(f"{arch}.rope.scaling.factor"))}
+    raise ValueError(
+        f"{file.path}: {arch}.rope.scaling.type {kind!r} is not supported (expected 'none', "
+        "'linear', or Llama 3 scaling as rope_freqs.weight)"
+    )
+
+
+def _hf_config(file: _File) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` dict that the file's metadata describes.
+
+    Raises:
+        ValueError: unsupported architecture or feature, missing metadata.
+    """
+    arch = file.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{file.path}: unsupported architecture {arch!r}; expected one of "
+            f"{SUPPORTED_ARCHITECTURES} (Mistral files are 'llama')"
+        )
+
+    def get(name, default=_REQUIRED):
+        return file.get(f"{arch}.{name}", default)
+
+    hidden_size = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    num_kv_heads = get("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):
+        raise ValueError(
+            f"{file.path}: {arch}.attention.head_count_kv differs between layers "
+            f"({num_kv_heads}), which lhc does not support"
+        )
+    rotary_dims = get("rope.dimension_count", None)
+    head_dim = int(get("attention.key_length", None) or rotary_dims or hidden_size // num_heads)
+    if rotary_dims is not None and int(rotary_dims) != head_dim:
+        raise ValueError(
+            f"{file.path}: {arch}.rope.dimension_count is {rotary_dims} but heads have "
+            f"{head_dim} features; partial rotary embeddings are not supported"
+        )
+    tensors = file.tensors
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"{file.path}: missing tensors ['token_embd.weight']")
+    rope_theta = float(get("rope.freq_base", 10_000.0))
+
+    def has_bias(*names):
+        return any(name.endswith(f".{n}.bias") for name in tensors for n in names)
+
+    return {
+        "architectures": [_HF_ARCHITECTURES[arch]],
+        "vocab_size": _numpy_shape(tensors["token_embd.weight"])[0],
+        "num_hidden_layers": int(get("block_count")),
+        "hidden_size": hidden_size,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": int(num_kv_heads),
+        "head_dim": head_dim,
+        "intermediate_size": int(get("feed_forward_length")),
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": rope_theta,
+        "rope_scaling": _rope_scaling(file, arch, rope_theta, head_dim),
+        # llama.cpp writes output.weight only when it is not the embedding table.
+        "tie_word_embeddings": "output.weight" not in tensors,
+        # Qwen2 always has q/k/v biases; config_from_hf rejects Llama's (and MLP biases).
+        "attention_bias": arch != "qwen2" and has_bias("attn_q", "attn_k", "attn_v", "attn_output"),
+        "mlp_bias": has_bias("ffn_gate", "ffn_up", "ffn_down"),
+    }
+
+
+# Tensors -----------------------------------------------------------------------------
+
+
+def _required_tensors(arch: str, num_layers: int) -> list[str]:
+    names = ["token_embd.weight", "output_norm.weight"]
+    per_layer = [name for name in _LAYER_TENSORS if name.endswith(".weight")]
+    if arch == "qwen2":
+        per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+    names += [f"blk.{layer}.{name}" for layer in range(num_layers) for name in per_layer]
+    return names
+
+
+def _hf_name(name: str) -> str:
+    """The Hugging Face name of a GGUF tensor (unknown names are kept, so that
+    ``params_from_hf`` reports them as unexpected)."""
+    if name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[name]
+    match = _LAYER_TENSOR.fullmatch(name)
+    if match and match.group(2) in _LAYER_TENSORS:
+        return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
+    return name
+
+
+def _hf_tensors(file: _File, hf_config: dict[str, Any]) -> dict[str, _Dequantized]:
+    """Lazily dequantized tensors under Hugging Face names, q/k rows un-permuted.
+
+    Raises:
+        ValueError: a tensor of an unsupported ggml type, or required tensors missing.
+    """
+    tensors = file.tensors
+    for name, tensor in tensors.items():
+        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+            raise ValueError(
+                f"{file.path}: tensor {name!r} has ggml type {tensor.tensor_type.name}, "
+                f"which lhc cannot dequantize; supported: {SUPPORTED_TENSOR_TYPES}"
+            )
+    arch = file.get("general.architecture")
+    missing = sorted(set(_required_tensors(arch, hf_config["num_hidden_layers"])) - set(tensors))
+    if missing:
+        raise ValueError(
+            f"{file.path}: missing tensors {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+            f"(a {arch} file with {hf_config['num_hidden_layers']} blocks)"
+        )
+    permuted = {}
+    if arch == "llama":
+        permuted = {
+            "attn_q": hf_config["num_attention_heads"],
+            "attn_k": hf_config["num_key_value_heads"],
+        }
+    out = {}
+    for name, tensor in tensors.items():
+        if name == _ROPE_FREQS:
+            continue  # read into the config
+        kind = name.split(".")[-2] if name.startswith("blk.") else None
+        out[_hf_name(name)] = _Dequantized(tensor, permuted.get(kind))
+    return out
+
+
+def load(
+    path: str | os.PathLike,
+    dtype: Any = jnp.float32,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Any = None,
+    **overrides: Any,
+) -> tuple[LMConfig, dict[str, Any]]:
+    """Loads a Llama, Qwen2 or Mistral GGUF file (quantized tensors are dequantized).
+
+    Args:
+        path: the ``.gguf`` file.
+        dtype: compute and storage dtype of the returned config and parameters
+            (``overrides`` may set ``param_dtype`` separately).
+        mesh: if given, every parameter is placed with its logical sharding under
+            ``rules`` (default ``lhc.parallel.LOGICAL_AXIS_RULES``), one at a time.
+        rules: logical-axis rules for ``mesh``.
+        **overrides: further ``LMConfig`` fields, e.g. ``scan_layers=True``,
+            ``max_len=32768``, ``attention_impl="..."``, ``kernel_layout="out_in"``.
+
+    Returns:
+        ``(config, params)``; parameters are jax arrays in the layout of
+        ``config.scan_layers``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a GGUF file, truncated, an unsupported architecture, feature or
+            ggml type, tensors missing, unexpected or of the wrong shape.
+    """
+    file = _open(path)
+    hf_config = _hf_config(file)
+    dtype_name = jnp.dtype(dtype).name
+    tensors = _hf_tensors(file, hf_config)
+    try:
+        config = hf.config_from_hf(
+            hf_config, **{"dtype": dtype_name, "param_dtype": dtype_name, **overrides}
+        )
+        params = hf.params_from_hf(config, tensors)
+    except ValueError as error:
+        raise ValueError(f"{file.path}: {error}") from error
+    if config.scan_layers:
+        params = stack_layer_params(params, config.num_layers)  # numpy: on the host
+    if mesh is None:
+        return config, _to_devices(params)
+    shardings = param_shardings(config, mesh, LOGICAL_AXIS_RULES if rules is None else rules)
+    return config, _to_devices(params, shardings)
+
+
+def _to_devices(host: dict[str, Any], shardings: Any = None) -> dict[str, Any]:
+    """Each leaf of nested dicts on devices (with its sharding, if given), in place and
+    one transfer at a time, so that each host copy is freed before the next transfer
+    (peak memory: the parameters once, not twice)."""
+    for key in list(host):
+        sharding = None if shardings is None else shardings[key]
+        if isinstance(host[key], dict):
+            _to_devices(host[key], sharding)
+        else:
+            host[key] = jax.block_until_ready(jax.device_put(host[key], sharding))
+    return host
+
+
+# Tokenizer ---------------------------------------------------------------------------
+
+
+def _byte_level_bpe(file: _File, tokens: Sequence[str]) -> tokenizers.Tokenizer:
+    pre = file.get("tokenizer.ggml.pre", "default")
+    merges = [tuple(merge.split(" ", 1)) for merge in file.get("tokenizer.ggml.merges")]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tokenizer = tokenizers.Tokenizer(
+        models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES_PRE)
+    )
+    if pre in _SPLITS:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    elif pre in _DIGITS_PRE:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False),
+            ]
+        )
+    elif pre in _GPT2_PRE:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        known = sorted({*_SPLITS, *_GPT2_PRE, *_DIGITS_PRE})
+        raise ValueError(
+            f"{file.path}: tokenizer.ggml.pre {pre!r} is not supported; known: {known}"
+        )
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _sentencepiece_merges(
+    tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]
+) -> list[tuple[str, str]]:
+    """BPE merges of a SentencePiece vocabulary, which has scores instead of merges.
+
+    SentencePiece merges the adjacent pair whose union scores highest, so every split of
+    a normal piece into two vocabulary pieces becomes a merge, ranked by the piece's
+    score (then longer left, longer right parts; then the parts' ids).
+    """
+    ids = {token: index for index, token in enumerate(tokens)}
+    ranked = []
+    for token, score, kind in zip(tokens, scores, types):
+        if kind != _NORMAL:
+            continue  # control, byte and user-defined pieces are never merged into
+        splits = [
+            (token[:cut], token[cut:])
+            for cut in range(1, len(token))
+            if token[:cut] in ids and token[cut:] in ids
+        ]
+        splits.sort(key=lambda pair: (ids[pair[0]], ids[pair[1]]))
+        ranked += [(score, left, right) for left, right in splits]
+    ranked.sort(key=lambda merge: (-merge[0], -len(merge[1]), -len(merge[2])))
+    return [(left, right) for _, left, right in ranked]
+
+
+def _sentencepiece_bpe(
+    file: _File, tokens: Sequence[str], types: Sequence[int]
+) -> tokenizers.Tokenizer:
+    merges = file.get("tokenizer.ggml.merges", None)
+    if merges is None:
+        merges = _sentencepiece_merges(tokens, file.get("tokenizer.ggml.scores"), types)
+    else:
+        merges = [tuple(merge.split(" ", 1)) for merge in merges]
+    unknown_id = file.get("tokenizer.ggml.unknown_token_id", None)
+    tokenizer = tokenizers.Tokenizer(
+        models.BPE(
+            {token: index for index, token in enumerate(tokens)},
+            merges,
+            unk_token=None if unknown_id is None else tokens[unknown_id],
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    add_space_prefix = bool(file.get("tokenizer.ggml.add_space_prefix", True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if add_space_prefix else "never", split=False
+    )
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    tokenizer.decoder = decoders.Sequence(steps)
+    return tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+    """The tokenizer and chat template of a GGUF file.
+
+    ``bos_token``, ``eos_token`` and ``pad_token`` are the tokens of
+    ``tokenizer.ggml.{bos,eos,padding}_token_id``; the chat template is
+    ``tokenizer.chat_template``. Encoding adds no special tokens by itself (see
+    ``HFTokenizer.encode``'s ``add_bos``).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a GGUF file, no vocabulary, an unsupported tokenizer model or
+            pre-tokenizer, or a special token id outside the vocabulary.
+    """
+    file = _open(path)
+    tokens = file.get("tokenizer.ggml.tokens")
+    types = file.get("tokenizer.ggml.token_type", None) or [_NORMAL] * len(tokens)
+    kind = file.get("tokenizer.ggml.model", None)
+    if kind == "gpt2":
+        tokenizer = _byte_level_bpe(file, tokens)
+    elif kind == "llama":
+        tokenizer = _sentencepiece_bpe(file, tokens, types)
+    else:
+        raise ValueError(
+            f"{file.path}: tokenizer.ggml.model {kind!r} is not supported; expected 'gpt2' "
+            "(byte-level BPE) or 'llama' (SentencePiece BPE)"
+        )
+    tokenizer.add_special_tokens(
+        [
+            AddedToken(token, special=True, normalized=False)
+            for token, token_type in zip(tokens, types)
+            if token and token_type in (_CONTROL, _UNKNOWN)
+        ]
+    )
+    tokenizer.add_tokens(
+        [
+            AddedToken(token, special=False, normalized=False)
+            for token, token_type in zip(tokens, types)
+            if token and token_type == _USER_DEFINED
+        ]
+    )
+    specials = {}
+    for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
+        token_id = file.get(f"tokenizer.ggml.{key}_token_id", None)
+        if token_id is None:
+            continue
+        if not 0 <= token_id < len(tokens):
+            raise ValueError(
+                f"{file.path}: tokenizer.ggml.{key}_token_id {token_id} is outside the "
+                f"vocabulary of {len(tokens)} tokens"
+            )
+        specials[f"{name}_token"] = tokens[token_id]
+    return HFTokenizer(
+        tokenizer, chat_template=file.get("tokenizer.chat_template", None),
+        add_bos_token=bool(file.get("tokenizer.ggml.add_bos_token", False)), **specials,
+    )  # fmt: skip
+
+
+def stop_tokens(path: str | os.PathLike) -> tuple[int, ...]:
+    """End-of-generation ids of a GGUF file, for ``generate(..., stop_tokens=...)``:
+    ``tokenizer.ggml.eos_token_id``, then the end-of-turn and end-of-message ids
+    (``eot_token_id``, ``eom_token_id``) when present and different."""
+    file = _open(path)
+    ids: list[int] = []
+    for key in ("eos", "eot", "eom"):
+        token_id = file.get(f"tokenizer.ggml.{key}_token_id", None)
+        if token_id is not None and int(token_id) not in ids:
+            ids.append(int(token_id))
+    return tuple(ids)
