@@ -1,9 +1,15 @@
-"""Tokenizers with one small interface: ``encode``, ``decode``, ``vocab_size``, special ids.
+"""Tokenizers with one small interface: ``encode``, ``decode``, ``vocab_size``, special
+ids, and a chat template.
 
 * ``ByteTokenizer``: UTF-8 bytes (ids 0-255) plus pad/bos/eos and optional named special
   tokens, for generated tasks that need no trained vocabulary.
 * ``HFTokenizer``: a ``tokenizer.json`` (Hugging Face ``tokenizers`` library), with the
-  special tokens taken from ``tokenizer_config.json`` / ``config.json`` when present.
+  special tokens and the chat template taken from ``tokenizer_config.json`` /
+  ``chat_template.jinja`` when present (``lhc.lm.gguf`` builds one from a GGUF file).
+
+``tokenizer.apply_chat_template(messages)`` renders the model's chat template as
+``transformers`` does (sandboxed Jinja with ``messages``, ``add_generation_prompt``,
+``bos_token``, ``eos_token``, ``raise_exception`` and ``strftime_now``).
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
-from typing import Protocol
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import tokenizers
 
@@ -35,6 +42,73 @@ class Tokenizer(Protocol):
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
+
+    @property
+    def chat_template(self) -> str | None: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+def render_chat_template(
+    template: str,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    **names: Any,
+) -> str:
+    """``template`` rendered as ``transformers`` renders chat templates: sandboxed Jinja
+    with ``trim_blocks`` and ``lstrip_blocks``, ``messages``, ``add_generation_prompt``,
+    ``raise_exception`` and ``strftime_now``, and ``names`` (``bos_token``, ...).
+
+    Raises:
+        ValueError: the template raised (``raise_exception``) or is not valid Jinja.
+    """
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
+    try:
+        return environment.from_string(template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt, **names
+        )
+    except jinja2.exceptions.TemplateError as error:
+        raise ValueError(f"the chat template failed: {error}") from error
+
+
+def chat_template_from(path: str | os.PathLike) -> tuple[str | None, dict[str, str]]:
+    """The chat template of a Hugging Face tokenizer directory (``chat_template.jinja``,
+    or ``tokenizer_config.json``'s ``chat_template``: a string, or the ``default`` of a
+    named list) and its special-token strings (``bos_token``, ``eos_token``, ``pad_token``);
+    ``(None, {...})`` when it has none."""
+    path = os.fspath(path)
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    config: dict[str, Any] = {}
+    config_file = os.path.join(directory, "tokenizer_config.json")
+    if os.path.exists(config_file):
+        with open(config_file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    specials = {}
+    for key in ("bos_token", "eos_token", "pad_token"):
+        value = config.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            specials[key] = value
+    jinja_file = os.path.join(directory, "chat_template.jinja")
+    if os.path.exists(jinja_file):
+        with open(jinja_file, encoding="utf-8") as handle:
+            return handle.read(), specials
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return (template if isinstance(template, str) else None), specials
 
 
 class ByteTokenizer:
@@ -79,6 +153,13 @@ class ByteTokenizer:
     @property
     def pad_id(self) -> int:
         return self.PAD
+
+    @property
+    def chat_template(self) -> None:
+        return None
+
+    def apply_chat_template(self, messages, *, add_generation_prompt: bool = True) -> str:
+        raise ValueError("a ByteTokenizer has no chat template")
 
     def token_id(self, token: str) -> int:
         """Id of a special token."""
@@ -125,6 +206,9 @@ class HFTokenizer:
     Args:
         tokenizer: a ``tokenizers.Tokenizer``.
         bos_token, eos_token, pad_token: special token strings (``None`` if absent).
+        chat_template: the model's Jinja chat template, or None.
+        add_bos_token: whether the model expects its bos before plain text (the
+            checkpoint's ``add_bos_token``; ``lhc.lm.generate_text`` follows it).
     """
 
     def __init__(
@@ -134,8 +218,18 @@ class HFTokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         pad_token: str | None = None,
+        chat_template: str | None = None,
+        add_bos_token: bool = False,
     ):
         self._tokenizer = tokenizer
+        self._chat_template = chat_template
+        self.add_bos_token = bool(add_bos_token)
+        self.special_tokens_map = {
+            name: token
+            for name, token in (("bos_token", bos_token), ("eos_token", eos_token),
+                                ("pad_token", pad_token))
+            if token is not None
+        }  # fmt: skip
         self._ids = {}
         for role, token in (("bos", bos_token), ("eos", eos_token), ("pad", pad_token)):
             if token is None:
@@ -157,8 +251,9 @@ class HFTokenizer:
     ) -> HFTokenizer:
         """Loads ``path`` (a ``tokenizer.json`` or a directory holding one).
 
-        Special tokens not given are read from ``tokenizer_config.json`` beside it
-        (``bos_token``, ``eos_token``, ``pad_token``, plain strings or ``{"content": ...}``).
+        Special tokens not given and the chat template are read from the files beside it
+        (``tokenizer_config.json``: ``bos_token``, ``eos_token``, ``pad_token`` as plain
+        strings or ``{"content": ...}``, ``chat_template``; ``chat_template.jinja``).
 
         Raises:
             FileNotFoundError: no ``tokenizer.json``.
@@ -167,16 +262,17 @@ class HFTokenizer:
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.exists(file):
             raise FileNotFoundError(f"no tokenizer.json at {path}")
-        specials = {"bos_token": bos_token, "eos_token": eos_token, "pad_token": pad_token}
-        config_file = os.path.join(os.path.dirname(file), "tokenizer_config.json")
+        directory = os.path.dirname(file)
+        template, found = chat_template_from(directory)
+        given = {"bos_token": bos_token, "eos_token": eos_token, "pad_token": pad_token}
+        specials = {key: found.get(key) if value is None else value for key, value in given.items()}
+        add_bos = False
+        config_file = os.path.join(directory, "tokenizer_config.json")
         if os.path.exists(config_file):
-            with open(config_file) as f:
-                tokenizer_config = json.load(f)
-            for key, value in specials.items():
-                if value is None:
-                    found = tokenizer_config.get(key)
-                    specials[key] = found.get("content") if isinstance(found, dict) else found
-        return cls(tokenizers.Tokenizer.from_file(file), **specials)
+            with open(config_file, encoding="utf-8") as handle:
+                add_bos = bool(json.load(handle).get("add_bos_token", False))
+        return cls(tokenizers.Tokenizer.from_file(file), chat_template=template,
+                   add_bos_token=add_bos, **specials)  # fmt: skip
 
     @property
     def vocab_size(self) -> int:
@@ -213,7 +309,36 @@ class HFTokenizer:
             [int(i) for i in ids], skip_special_tokens=skip_special_tokens
         )
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of ``token`` (a vocabulary entry or an added token), or None."""
+        return self._tokenizer.token_to_id(token)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """The chat ``messages`` (``{"role": ..., "content": ...}``) as the model's prompt
+        text; encode it without ``add_bos`` (the template writes what it needs).
+
+        Raises:
+            ValueError: the tokenizer has no chat template, or the template failed.
+        """
+        if self._chat_template is None:
+            raise ValueError("this tokenizer has no chat template")
+        return render_chat_template(
+            self._chat_template, messages, add_generation_prompt=add_generation_prompt,
+            **self.special_tokens_map,
+        )  # fmt: skip
+
 
 def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
-    """``HFTokenizer.from_file(path)``."""
+    """The tokenizer of a checkpoint: a Hugging Face directory or ``tokenizer.json``
+    (``HFTokenizer.from_file``), or a ``.gguf`` file (``lhc.lm.gguf.load_tokenizer``)."""
+    if os.fspath(path).endswith(".gguf"):
+        from lhc.lm import gguf
+
+        return gguf.load_tokenizer(path)
     return HFTokenizer.from_file(path)

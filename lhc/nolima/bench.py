@@ -33,12 +33,11 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lhc import lm
 from lhc.nolima import world as world_lib
-from lhc.nolima.evaluate import PromptFormat, chat_template_from, evaluate
+from lhc.nolima.evaluate import PromptFormat, evaluate
 from lhc.nolima.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
 from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases
 from lhc.nolima.scores import plot, summary, table
@@ -64,13 +63,17 @@ def _depths(text: str) -> list[float]:
 def _model(args, max_len: int):
     """``(model, params, tokenizer, format, stop_tokens, world_config)``."""
     if args.checkpoint:
-        config, params = lm.hf.load(args.checkpoint, jnp.dtype(args.dtype), max_len=max_len,
-                                    attention_impl=args.attention_impl)  # fmt: skip
-        tokenizer = lm.load_tokenizer(args.tokenizer or args.checkpoint)
-        chat, specials = chat_template_from(args.tokenizer or args.checkpoint)
-        fmt = PromptFormat(chat_template=None if args.no_chat else chat, special_tokens=specials)
-        stops = lm.hf.stop_tokens(args.checkpoint) or (tokenizer.eos_id,)
-        return lm.Transformer(config), params, tokenizer, fmt, stops, None
+        from lhc.train import load_language_model
+
+        try:
+            ckpt = load_language_model(args.checkpoint, dtype=args.dtype, max_len=max_len,
+                                       attention_impl=args.attention_impl)  # fmt: skip
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            raise SystemExit(f"--checkpoint: {error}") from None
+        tokenizer = lm.load_tokenizer(args.tokenizer) if args.tokenizer else ckpt.tokenizer
+        chat = None if args.no_chat else tokenizer.chat_template
+        fmt = PromptFormat(chat_template=chat, special_tokens=tokenizer.special_tokens_map)
+        return ckpt.model, ckpt.params, tokenizer, fmt, ckpt.stop_tokens, None
     tokenizer = lm.ByteTokenizer()
     fmt = world_lib.FORMAT
     if args.workdir:
@@ -203,9 +206,10 @@ def throughput(args, argv: list[str]) -> list[dict[str, Any]]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lhc bench nolima", description=__doc__.split("\n")[0])
     p.add_argument("--workdir", default=None, help="a model trained in lhc (byte tokens)")
-    p.add_argument("--checkpoint", default=None, help="a Hugging Face checkpoint directory")
+    p.add_argument("--checkpoint", default=None,
+                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct")  # fmt: skip
     p.add_argument("--tokenizer", default=None, help="its tokenizer (default: --checkpoint)")
-    p.add_argument("--dtype", default="bfloat16", help="for --checkpoint")
+    p.add_argument("--dtype", default=None, help="for --checkpoint (float32 on CPU, else bfloat16)")
     p.add_argument("--attention-impl", default="xla", help="for --checkpoint")
     p.add_argument("--no-chat", action="store_true", help="plain prompts despite a chat template")
     p.add_argument("--world", action="store_true", help="the generated world's needles/haystack")

@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from lhc.lm.tokenizers import render_chat_template
 from lhc.nolima.haystack import Haystack
 from lhc.nolima.needles import NeedleCase
 from lhc.nolima.scores import contains
@@ -49,11 +49,12 @@ class PromptFormat:
     Attributes:
         task_template: the user message, with ``{haystack}`` and ``{question}`` (a
             needle set's own ``task_template`` wins).
-        chat_template: a Jinja chat template (``chat_template_from``), rendered with a
+        chat_template: a Jinja chat template (``tokenizer.chat_template``), rendered with a
             system and a user message and the generation prompt; None for plain text.
         system_prompt: whether the case's system prompt goes into the chat.
         add_bos: prepend the tokenizer's bos for plain text (a chat template writes its own).
-        special_tokens: names the chat template may use (``bos_token``, ``eos_token``).
+        special_tokens: names the chat template may use (``bos_token``, ``eos_token``):
+            ``tokenizer.special_tokens_map``.
     """
 
     task_template: str = DEFAULT_TASK_TEMPLATE
@@ -61,51 +62,6 @@ class PromptFormat:
     system_prompt: bool = True
     add_bos: bool = True
     special_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-def chat_template_from(path: str | os.PathLike) -> tuple[str | None, dict[str, str]]:
-    """The chat template of a Hugging Face tokenizer directory (``chat_template.jinja``
-    or ``tokenizer_config.json``'s ``chat_template``; the default of a named list), and
-    its special-token strings; ``(None, {})`` when it has none."""
-    path = os.fspath(path)
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    config: dict[str, Any] = {}
-    config_file = os.path.join(directory, "tokenizer_config.json")
-    if os.path.exists(config_file):
-        with open(config_file, encoding="utf-8") as handle:
-            config = json.load(handle)
-    specials = {}
-    for key in ("bos_token", "eos_token"):
-        value = config.get(key)
-        value = value.get("content") if isinstance(value, dict) else value
-        if isinstance(value, str):
-            specials[key] = value
-    jinja_file = os.path.join(directory, "chat_template.jinja")
-    if os.path.exists(jinja_file):
-        with open(jinja_file, encoding="utf-8") as handle:
-            return handle.read(), specials
-    template = config.get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return (template if isinstance(template, str) else None), specials
-
-
-def render_chat(template: str, messages: Sequence[Mapping[str, str]], **names: str) -> str:
-    """``template`` rendered as Hugging Face renders chat templates (sandboxed Jinja,
-    ``add_generation_prompt=True``)."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = lambda fmt: time.strftime(fmt)
-    return environment.from_string(template).render(
-        messages=list(messages), add_generation_prompt=True, **names
-    )
 
 
 def prompt_tokens(
@@ -119,7 +75,7 @@ def prompt_tokens(
         messages = [{"role": "user", "content": user}]
         if fmt.system_prompt and case.system_prompt:
             messages.insert(0, {"role": "system", "content": case.system_prompt})
-        text = render_chat(fmt.chat_template, messages, **fmt.special_tokens)
+        text = render_chat_template(fmt.chat_template, messages, **fmt.special_tokens)
         bos = []
     else:
         text = user

@@ -75,3 +75,59 @@ def test_hf_tokenizer_errors(tmp_path, tokenizer_dir):
     bare = HFTokenizer(tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")))
     with pytest.raises(ValueError, match="no bos token"):
         bare.encode("x", add_bos=True)
+
+
+# A ChatML template with a default system message, loop variables, a filter and an error.
+CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}{{ bos_token }}<|im_start|>system\nBe brief."
+    "<|im_end|>\n{% endif %}{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>"
+    "{% if not loop.last %}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}\n<|im_start|>assistant\n{% endif %}"
+)
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "  Hi  "}],
+    [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "and 3+3?"},
+    ],  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_chat_template_renders_as_transformers_does(tokenizer_dir, where):
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    if where == "chat_template.jinja":
+        (tokenizer_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    else:
+        config["chat_template"] = CHAT_TEMPLATE
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(tokenizer_dir)
+    assert tok.chat_template == CHAT_TEMPLATE
+    assert tok.special_tokens_map == {"bos_token": "<s>", "eos_token": "</s>"}
+    reference = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_dir / "tokenizer.json"), bos_token="<s>", eos_token="</s>",
+        chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    for messages in CONVERSATIONS:
+        for add_generation_prompt in (True, False):
+            want = reference.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            got = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            assert got == want
+    with pytest.raises(ValueError, match="the chat template failed: unknown role tool"):
+        tok.apply_chat_template([{"role": "tool", "content": "{}"}])
+
+
+def test_a_tokenizer_without_a_chat_template_says_so(tokenizer_dir):
+    assert load_tokenizer(tokenizer_dir).chat_template is None
+    with pytest.raises(ValueError, match="this tokenizer has no chat template"):
+        load_tokenizer(tokenizer_dir).apply_chat_template(CONVERSATIONS[0])
+    with pytest.raises(ValueError, match="a ByteTokenizer has no chat template"):
+        ByteTokenizer().apply_chat_template(CONVERSATIONS[0])

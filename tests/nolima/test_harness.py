@@ -219,7 +219,7 @@ def test_chat_template_prompt_holds_the_context_tokens_exactly(tmp_path):
                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": template, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}))  # fmt: skip
-    chat, specials = nolima.chat_template_from(tmp_path)
+    chat, specials = lm.chat_template_from(tmp_path)
     assert chat == template and specials == {"bos_token": "<s>", "eos_token": "</s>"}
     case = nolima.needle_cases(nolima.lhc_needle_set())[0]
     fmt = nolima.PromptFormat(task_template="Read: {haystack} Q: {question}", chat_template=chat,
