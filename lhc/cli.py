@@ -4,6 +4,7 @@ lhc train   --config configs/X.py:tiny --workdir DIR [--config.key=value ...]
 lhc eval    --workdir DIR [--config configs/X.py:tiny] [--step N] [--config.key=value ...]
 lhc compile --config configs/X.py:tiny --topology v5e:2x2
 lhc demo    [--workdir DIR]
+lhc generate --checkpoint PATH|NAME (or --workdir DIR) --prompt TEXT [--chat] [...]
 lhc bench   NAME [benchmark flags]
 """
 
@@ -78,6 +79,26 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train the tiny demo experiment on this machine")
     demo.add_argument("--workdir", default=None, help="default: a fresh temporary directory")
 
+    generate = commands.add_parser(
+        "generate", help="generate text with a checkpoint (HF directory, .gguf, a model name)"
+    )
+    source = generate.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--checkpoint", help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct"
+    )
+    source.add_argument("--workdir", help="an lhc training run")
+    generate.add_argument(
+        "--prompt", action="append", default=[], help="a prompt (repeat for a batch)"
+    )
+    generate.add_argument("--prompts-file", help="a text file, one prompt per line")
+    generate.add_argument("--chat", action="store_true", help="prompts are user messages")
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    generate.add_argument("--top-k", type=int, default=0, help="0: off")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
+
     bench = commands.add_parser("bench", help=f"run a benchmark: {', '.join(BENCHMARKS)}")
     bench.add_argument("name", choices=sorted(BENCHMARKS))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
@@ -103,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "demo":
         return _demo(args.workdir)
+
+    if args.command == "generate":
+        return _generate(args)
 
     try:
         if args.command == "eval" and args.config is None:
@@ -136,6 +160,44 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             raise SystemExit(f"lhc compile: {error}") from None
         print(report.format())
+    return 0
+
+
+def _generate(args) -> int:
+    """Loads the model, generates a reply to each prompt; one prompt is streamed."""
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        try:
+            with open(args.prompts_file, encoding="utf-8") as handle:
+                prompts += [line.rstrip("\n") for line in handle if line.strip()]
+        except OSError as error:
+            raise SystemExit(f"lhc generate: --prompts-file: {error}") from None
+    if not prompts:
+        raise SystemExit("lhc generate: give --prompt TEXT (repeatable) or --prompts-file FILE")
+    if args.max_new_tokens < 1:
+        raise SystemExit(f"lhc generate: --max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    from lhc.lm import SamplingParams, generate_text
+    from lhc.train import load_language_model
+
+    try:
+        sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
+        kwargs = {} if args.dtype is None else {"dtype": args.dtype}
+        checkpoint = load_language_model(args.checkpoint, args.workdir, **kwargs)
+        if len(prompts) == 1:
+            replies = generate_text(
+                checkpoint, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
+                sampling=sampling, seed=args.seed,
+                on_text=lambda row, text: print(text, end="", flush=True),
+            )  # fmt: skip
+            print()
+        else:
+            replies = generate_text(checkpoint, prompts, chat=args.chat,
+                                    max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                    seed=args.seed)  # fmt: skip
+            for index, reply in enumerate(replies):
+                print(f"[{index}] {reply}")
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"lhc generate: {error}") from None
     return 0
 
 

@@ -31,6 +31,31 @@ def test_train_then_eval(tmp_path, capsys):
     evaluated = json.loads(capsys.readouterr().out)
     assert evaluated["step"] == 2
     assert evaluated["eval/loss"] == pytest.approx(trained["eval/loss"], rel=1e-6)
+    # Associative recall reads key and value ids, not text: no tokenizer to generate with.
+    with pytest.raises(SystemExit, match="has no tokenizer and its model reads \\d+ token ids"):
+        cli.main(["generate", "--workdir", str(tmp_path), "--prompt", "ab"])
+
+
+def test_generate_on_a_run_of_byte_tokens(tmp_path, capsys):
+    """A run whose task reads bytes (QuantSpec's passkey model): its checkpoint, bytes
+    in and out, and the reply of ``lhc.lm.generate`` on the restored parameters."""
+    from lhc import lm
+    from lhc.train import load_language_model
+
+    config = str(pathlib.Path(CONFIG).with_name("quantspec_passkey.py")) + ":tiny,runlocal"
+    fast = ["--config.num_steps=2", "--config.progress_bar=False", "--config.data.length=128",
+            "--config.eval_batches=1", "--config.batch_size=2"]  # fmt: skip
+    assert cli.main(["train", "--config", config, "--workdir", str(tmp_path), *fast]) == 0
+    capsys.readouterr()
+    assert cli.main(["generate", "--workdir", str(tmp_path), "--prompt", "The pass key is",
+                     "--max-new-tokens", "6"]) == 0  # fmt: skip
+    ckpt = load_language_model(workdir=tmp_path)
+    assert isinstance(ckpt.tokenizer, lm.ByteTokenizer)
+    out = lm.generate(ckpt.model, ckpt.params, [ckpt.tokenizer.encode("The pass key is")],
+                      max_new_tokens=6, stop_tokens=ckpt.stop_tokens)  # fmt: skip
+    n = int(out.lengths[0])
+    reply = [t for t in out.tokens[0, :n].tolist() if t not in ckpt.stop_tokens]
+    assert capsys.readouterr().out == ckpt.tokenizer.decode(reply) + "\n"
 
 
 def test_clear_errors(tmp_path):

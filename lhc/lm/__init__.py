@@ -41,7 +41,7 @@ Everything above works on any model that follows the protocol; the tests pin it 
 small recurrent model that is not the Transformer.
 """
 
-from lhc.lm import hf
+from lhc.lm import gguf, hf
 from lhc.lm.cache import (
     Cache,
     KVCache,
@@ -49,6 +49,7 @@ from lhc.lm.cache import (
     init_cache,
     init_sliding_window_cache,
 )
+from lhc.lm.checkpoints import Checkpoint, default_dtype, load_checkpoint, resolve_checkpoint
 from lhc.lm.config import PRESETS, LMConfig, get_preset
 from lhc.lm.decoding import (
     DecodeState,
@@ -72,6 +73,7 @@ from lhc.lm.model import (
     stack_layer_params,
     unstack_layer_params,
 )
+from lhc.lm.pretrained_models import pretrained
 from lhc.lm.sampling import (
     SamplingParams,
     logits_to_probs,
@@ -89,7 +91,15 @@ from lhc.lm.speculative import (
     speculative_generate,
     verify_drafts,
 )
-from lhc.lm.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from lhc.lm.text import chat_prompt, generate_text
+from lhc.lm.tokenizers import (
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    chat_template_from,
+    load_tokenizer,
+    render_chat_template,
+)
 
 __all__ = [
     # Config.
@@ -141,6 +151,17 @@ __all__ = [
     "HFTokenizer",
     "Tokenizer",
     "load_tokenizer",
+    "Checkpoint",
+    "chat_prompt",
+    "default_dtype",
+    "generate_text",
+    "load_checkpoint",
+    "pretrained",
+    "resolve_checkpoint",
+    "chat_template_from",
+    "render_chat_template",
     # Hugging Face checkpoints: lhc.lm.hf.load / lhc.lm.hf.save.
     "hf",
+    # llama.cpp GGUF files: lhc.lm.gguf.load / load_tokenizer / stop_tokens.
+    "gguf",
 ]

