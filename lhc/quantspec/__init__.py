@@ -20,7 +20,14 @@ This package has:
 """
 
 from lhc.quantspec.cache import QuantSpecCache, init_cache, kv_bytes_per_token
-from lhc.quantspec.decoding import QuantSpecLM, generate, quantspec_model, speculative_generate
+from lhc.quantspec.decoding import (
+    QuantSpecLM,
+    default_group_size,
+    default_weight_group_size,
+    generate,
+    quantspec_model,
+    speculative_generate,
+)
 from lhc.quantspec.quantize import Quantized, dequantize, pack_nibbles, quantize, unpack_nibbles
 from lhc.quantspec.traffic import NAMED, ModelSize, predicted_speedup, size_of_config, step_bytes
 from lhc.quantspec.weights import (
@@ -39,6 +46,8 @@ __all__ = [
     "QuantSpecCache",
     "QuantSpecLM",
     "Quantized",
+    "default_group_size",
+    "default_weight_group_size",
     "dequantize",
     "dequantize_params",
     "dequantize_weight",

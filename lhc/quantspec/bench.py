@@ -84,13 +84,14 @@ def _timed(fn, repeats: int = 3) -> tuple[float, Any]:
     return best, out
 
 
-def load_model(workdir: str | None, random_seed: int | None):
-    """``(model, params)``: a trained run's, or random weights of the quantspec config."""
-    if workdir is not None:
-        from lhc.train import restore_params
+def load_model(workdir: str | None, random_seed: int | None, checkpoint: str | None = None):
+    """``(model, params, tokenizer)``: an imported checkpoint's, a trained run's, or
+    random weights of the quantspec config (byte tokens)."""
+    if checkpoint is not None or workdir is not None:
+        from lhc.train import load_language_model
 
-        exp, params, _ = restore_params(None, workdir)
-        return exp.task.model, params
+        loaded = load_language_model(checkpoint, workdir)
+        return loaded.model, loaded.params, loaded.tokenizer
     import importlib.util
     import pathlib
 
@@ -101,25 +102,30 @@ def load_model(workdir: str | None, random_seed: int | None):
     model = lm.Transformer(lm.LMConfig(**dict(module.get_config().model)))
     one = jnp.zeros((1, 1), jnp.int32)
     params = model.init(jax.random.key(random_seed or 0), one, one)["params"]
-    return model, jax.tree.map(lambda x: getattr(x, "value", x), params,
-                               is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+    params = jax.tree.map(lambda x: getattr(x, "value", x), params,
+                          is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+    return model, params, lm.ByteTokenizer()
 
 
-def filler_prompts(batch: int, length: int, seed: int = 0) -> np.ndarray:
+def filler_prompts(batch: int, length: int, seed: int = 0, tokenizer=None, filler=None):
+    """``batch`` prompts of ``length`` filler tokens (``lhc.data.passkey.Filler``: the
+    generated filler, or snippets of text files) in ``tokenizer``'s tokens (bytes)."""
     from lhc.data.passkey import Filler
 
-    tokenizer = lm.ByteTokenizer()
+    tokenizer = tokenizer or lm.ByteTokenizer()
+    source = filler or Filler()
     rng = np.random.default_rng(seed)
-    return np.stack([Filler().tokens(tokenizer, rng, length) for _ in range(batch)]).astype(
-        np.int32
-    )
+    return np.stack([source.tokens(tokenizer, rng, length) for _ in range(batch)]).astype(np.int32)
 
 
-def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, batch, weights):
-    draft = quantize_params(params, group_size=min(128, model.config.embed_dim), layers=weights)
+def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, batch, weights,
+            tokenizer=None, filler=None):  # fmt: skip
+    weight_group = decoding.default_weight_group_size(model.config, weights)
+    draft = quantize_params(params, group_size=weight_group, layers=weights)
+    group_size = group_size or decoding.default_group_size(model.config)
     rows = []
     for length in prompt_lengths:
-        prompts = filler_prompts(batch, length)
+        prompts = filler_prompts(batch, length, tokenizer=tokenizer, filler=filler)
         runs = {
             "fp": functools.partial(lm.generate, model, params, prompts, prefill_chunk=512),
             "int8": functools.partial(decoding.generate, model, params, prompts,
@@ -243,11 +249,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gamma", type=int, default=6, help="drafts per round (model rows)")
     parser.add_argument("--acceptance", type=float, default=0.9, help="for the predictions")
     parser.add_argument("--workdir", default=None, help="a trained run to measure")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct",
+    )
+    parser.add_argument(
+        "--filler",
+        default=None,
+        help="comma-separated text files for the prompts (default: generated)",
+    )
     parser.add_argument("--random", action="store_true", help="measure random weights")
     parser.add_argument("--prompt-lengths", default="512,2048")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--measure-gamma", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=32, help="KV group of the measured model")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="KV group of the measured model (default: 128 or its head dim)",
+    )
     parser.add_argument("--weights", choices=("mlp", "all"), default="mlp")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--kernel-contexts", default="", help="time the store attention")
@@ -261,15 +282,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         gamma=args.gamma, acceptance=args.acceptance)  # fmt: skip
     print(traffic_table(rows, args.gamma, args.acceptance))
     result["traffic"] = rows
-    if args.workdir is not None or args.random:
-        model, params = load_model(args.workdir, 0 if args.random else None)
+    sources = [args.workdir is not None, args.random, args.checkpoint is not None]
+    if sum(sources) > 1:
+        raise SystemExit("give at most one of --workdir, --random and --checkpoint")
+    if any(sources):
+        from lhc.data.passkey import Filler
+
+        try:
+            model, params, tokenizer = load_model(args.workdir, 0 if args.random else None,
+                                                  args.checkpoint)  # fmt: skip
+            filler = Filler(args.filler.split(",")) if args.filler else None
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            raise SystemExit(f"lhc bench quantspec: {error}") from None
+        group = args.group_size or decoding.default_group_size(model.config)
         measured = measure(
             model, params, _ints(args.prompt_lengths, "--prompt-lengths"),
-            new_tokens=args.new_tokens, gamma=args.measure_gamma, group_size=args.group_size,
-            batch=args.batch, weights=args.weights,
+            new_tokens=args.new_tokens, gamma=args.measure_gamma, group_size=group,
+            batch=args.batch, weights=args.weights, tokenizer=tokenizer, filler=filler,
         )  # fmt: skip
         print(f"\ndevice: {jax.devices()[0].platform}; greedy, batch {args.batch}, "
-              f"{args.new_tokens} new tokens, gamma {args.measure_gamma}, G {args.group_size}")  # fmt: skip
+              f"{args.new_tokens} new tokens, gamma {args.measure_gamma}, G {group}")  # fmt: skip
         print(measured_table(measured))
         result["measured"] = measured
     if args.kernel_contexts:

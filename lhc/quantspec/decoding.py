@@ -17,6 +17,7 @@ the same cache computes, and the greedy output equals ``generate``'s token for t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,8 +65,6 @@ def _draft_weights(params):
 def quantspec_model(model: lm.Transformer, *, group_size: int = 128) -> QuantSpecLM:
     """``model``'s architecture with the QuantSpec cache (same parameters)."""
     config = model.config
-    if config.scan_layers:
-        raise ValueError("QuantSpec needs a model with scan_layers=False (per-layer kernels)")
     if config.sliding_window is not None:
         raise ValueError("QuantSpec's cache serves full attention; this model has a sliding window")
     return QuantSpecLM(config, group_size=group_size, max_call=group_size)
@@ -89,16 +88,35 @@ def generate(
     prompt_lengths: jax.Array | np.ndarray | None = None,
     *,
     max_new_tokens: int,
-    group_size: int = 128,
+    group_size: int | None = None,
     **kwargs,
 ) -> lm.GenerateOutput:
     """Plain decoding on the target path: ``lhc.lm.generate`` with the 8-bit QuantSpec
-    cache (prefill in chunks of ``group_size``). ``kwargs`` go to ``lhc.lm.generate``."""
+    cache (prefill in chunks of ``group_size``, by default ``default_group_size``).
+    ``kwargs`` go to ``lhc.lm.generate``."""
+    if group_size is None:
+        group_size = default_group_size(model.config)
     target = quantspec_model(model, group_size=group_size)
     kwargs.setdefault("prefill_chunk", group_size)
     return lm.generate(
         target, params, prompts, prompt_lengths, max_new_tokens=max_new_tokens, **kwargs
     )
+
+
+def default_group_size(config) -> int:
+    """The KV cache's G for a model: 128 (the paper's) or the head dim when smaller (the
+    values are quantized in groups of G channels, so G divides the head dim)."""
+    return min(128, config.head_dim)
+
+
+def default_weight_group_size(config, weights: str = "mlp") -> int:
+    """The draft weights' group: the largest power of two up to 128 (the paper's GPTQ
+    group) that divides the input size of every quantized kernel."""
+    sizes = [config.embed_dim, config.mlp_dim]
+    if weights == "all":
+        sizes.append(config.num_heads * config.head_dim)
+    common = math.gcd(*sizes)
+    return min(128, common & -common)
 
 
 def speculative_generate(
@@ -109,9 +127,9 @@ def speculative_generate(
     *,
     gamma: int = 4,
     max_new_tokens: int,
-    group_size: int = 128,
+    group_size: int | None = None,
     weights: str = "mlp",
-    weight_group_size: int = 128,
+    weight_group_size: int | None = None,
     draft_params: Any = None,
     **kwargs,
 ) -> lm.SpeculativeOutput:
@@ -119,14 +137,16 @@ def speculative_generate(
     verifies.
 
     Args:
-        model: an ``lhc.lm.Transformer`` (``scan_layers=False``, full attention).
+        model: an ``lhc.lm.Transformer`` with full attention (layers looped or scanned).
         params: its parameters (the target's weights).
         prompts, prompt_lengths: as ``lhc.lm.generate``.
         gamma: drafts per round.
         max_new_tokens: N.
-        group_size: the KV cache's G (divides ``head_dim``; ``gamma + 1 <= G``).
+        group_size: the KV cache's G (divides ``head_dim``; ``gamma + 1 <= G``); default
+            ``default_group_size(model.config)``.
         weights: the draft's 4-bit layers, ``"mlp"`` (the official code) or ``"all"``.
-        weight_group_size: input rows per weight scale.
+        weight_group_size: input rows per weight scale; default
+            ``default_weight_group_size(model.config, weights)``.
         draft_params: the draft's weights as ``quantize_params`` makes them (made from
             ``params`` when None).
         **kwargs: ``sampling``, ``rng``, ``stop_tokens``, ``pad_id``, ``verifier``,
@@ -140,10 +160,17 @@ def speculative_generate(
         ValueError: ``gamma + 1 > group_size``, a group size that does not divide the
             head or the weights' input sizes, and ``lhc.lm.speculative_generate``'s errors.
     """
+    if group_size is None:
+        group_size = default_group_size(model.config)
     _checked(gamma, group_size)
     target = quantspec_model(model, group_size=group_size)
     if draft_params is None:
-        draft_params = quantize_params(params, group_size=weight_group_size, layers=weights)
+        if weight_group_size is None:
+            weight_group_size = default_weight_group_size(model.config, weights)
+        try:
+            draft_params = quantize_params(params, group_size=weight_group_size, layers=weights)
+        except ValueError as error:
+            raise ValueError(f"weight_group_size={weight_group_size!r}: {error}") from None
     drafter = lm.SelfDrafter(
         target, draft_view=_draft_view, target_view=_target_view, prepare_params=_draft_weights
     )

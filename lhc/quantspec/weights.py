@@ -13,6 +13,7 @@ inside the jitted draft step reads the packed codes and forms the weights on the
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -36,8 +37,9 @@ class Int4Weight:
     """A kernel quantized to 4 bits.
 
     Attributes:
-        codes: uint8 ``[in, out / 2]`` (input axes flattened, output axes flattened).
-        scale: float ``[in / group_size, out]``.
+        codes: uint8 ``[in, out / 2]`` (input axes flattened, output axes flattened), with
+            a leading layer axis for the kernels of scanned layers.
+        scale: float ``[in / group_size, out]`` (likewise).
         shape: the kernel's shape.
         in_axes: how many leading axes of ``shape`` are inputs.
         group_size: input rows per group.
@@ -88,10 +90,12 @@ def quantize_weight(
 
 def dequantize_weight(q: Int4Weight, dtype=None) -> jax.Array:
     """The kernel ``scale * (code - 8)`` in its shape and ``dtype`` (default: the
-    quantized kernel's own)."""
+    quantized kernel's own). Kernels stacked over layers (``quantize_params`` of a
+    model with ``scan_layers=True``) keep their leading layer axis."""
     codes = unpack_nibbles(q.codes).astype(jnp.float32) - 8.0
-    scale = jnp.repeat(q.scale.astype(jnp.float32), q.group_size, axis=0)
-    return (codes * scale).reshape(q.shape).astype(q.dtype if dtype is None else dtype)
+    scale = jnp.repeat(q.scale.astype(jnp.float32), q.group_size, axis=-2)
+    stacked = q.codes.shape[:-2]
+    return (codes * scale).reshape(*stacked, *q.shape).astype(q.dtype if dtype is None else dtype)
 
 
 def int4_matmul(x: jax.Array, q: Int4Weight) -> jax.Array:
@@ -111,30 +115,34 @@ def _kernels(layers: str) -> dict:
 
 
 def quantize_params(params, *, group_size: int = 128, layers: str = "mlp", scale_dtype=jnp.float16):
-    """``params`` of an ``lhc.lm.Transformer`` (layers not scanned) with the kernels of
-    ``layers`` (``"mlp"``: gate, up, down; ``"all"``: also query, key, value, out)
-    replaced by ``Int4Weight``s; everything else unchanged."""
+    """``params`` of an ``lhc.lm.Transformer`` with the kernels of ``layers``
+    (``"mlp"``: gate, up, down; ``"all"``: also query, key, value, out) replaced by
+    ``Int4Weight``s; everything else unchanged. Layers may loop (``layers_<i>``) or be
+    scanned (one ``layers`` subtree stacked over layers: each layer quantized alone)."""
     kernels = _kernels(layers)
     out = dict(params)
     found = 0
     for name, layer in params.items():
-        if not name.startswith("layers_"):
+        if not (name.startswith("layers_") or name == "layers"):
             continue
         layer = jax.tree.map(lambda x: x, layer)  # a copy to edit
         for (block, proj), in_axes in kernels.items():
             if block in layer and proj in layer[block]:
                 kernel = layer[block][proj]["kernel"]
+                quantize = functools.partial(
+                    quantize_weight, group_size=group_size, in_axes=in_axes, scale_dtype=scale_dtype
+                )
+                if name == "layers":  # stacked: the leading axis is the layer
+                    quantize = jax.vmap(quantize)
                 layer[block] = dict(layer[block])
                 layer[block][proj] = dict(layer[block][proj])
-                layer[block][proj]["kernel"] = quantize_weight(
-                    kernel, group_size=group_size, in_axes=in_axes, scale_dtype=scale_dtype
-                )
+                layer[block][proj]["kernel"] = quantize(kernel)
                 found += 1
         out[name] = layer
     if not found:
         raise ValueError(
             "quantize_params: no kernels of an lhc.lm.Transformer found (expected "
-            "'layers_<i>/mlp/...'; models with scan_layers=True are not supported)"
+            "'layers_<i>/mlp/...' or 'layers/mlp/...')"
         )
     return out
 

@@ -39,6 +39,33 @@ def test_greedy_self_speculation_equals_plain_decoding_across_flushes():
     assert int(spec.num_iterations) < 40
 
 
+def test_scanned_layers_speculate_as_looped_ones():
+    # One compiled block for every layer: the store is indexed by the traced layer and
+    # the stacked MLP kernels are quantized layer by layer.
+    model, params = _model(64, 1)
+    scanned = lm.Transformer(model.config.replace(scan_layers=True))
+    stacked = lm.stack_layer_params(params, model.config.num_layers)
+    looped_draft = quantspec.quantize_params(params, group_size=8)
+    stacked_draft = quantspec.quantize_params(stacked, group_size=8)
+    for name in ("gate", "up", "down"):
+        for field in ("codes", "scale"):
+            per_layer = [getattr(looped_draft[f"layers_{i}"]["mlp"][name]["kernel"], field)
+                         for i in range(model.config.num_layers)]  # fmt: skip
+            np.testing.assert_array_equal(
+                getattr(stacked_draft["layers"]["mlp"][name]["kernel"], field), np.stack(per_layer)
+            )
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5]]
+    plain = quantspec.generate(model, params, prompts, max_new_tokens=24, group_size=8)
+    spec = quantspec.speculative_generate(scanned, stacked, prompts, gamma=3, max_new_tokens=24,
+                                          group_size=8, weight_group_size=8)  # fmt: skip
+    looped = quantspec.speculative_generate(model, params, prompts, gamma=3, max_new_tokens=24,
+                                            group_size=8, weight_group_size=8)  # fmt: skip
+    np.testing.assert_array_equal(spec.lengths, plain.lengths)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    assert int(spec.num_iterations) == int(looped.num_iterations)
+    assert float(spec.acceptance_rate) == float(looped.acceptance_rate)
+
+
 def _exact_two_token_distribution(model, params, prompt, group_size):
     """p(t1, t2) of the 8-bit target path after ``prompt``, by enumerating t1."""
     target = quantspec.quantspec_model(model, group_size=group_size)
