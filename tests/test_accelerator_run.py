@@ -48,7 +48,9 @@ def test_every_section_ran_every_row(smoke):
 
 def test_kernels_match_their_references(smoke):
     _, rows = smoke
-    impls = {(row["table"], row.get("impl") or row.get("store")) for row in rows if "rel_err" in row}
+    impls = {
+        (row["table"], row.get("impl") or row.get("store")) for row in rows if "rel_err" in row
+    }
     # Pallas and XLA for each kernel, the vendor attention and both store widths.
     assert {("flash", "pallas"), ("flash", "xla"), ("flash", "jax.nn (xla)"), ("chunk", "pallas"),
             ("quant", "4-bit (pallas)"), ("quant", "8-bit (pallas)"), ("buffer", None)} <= impls  # fmt: skip

@@ -25,9 +25,10 @@ import jax
 import numpy as np
 
 from lhc import lm
+from lhc.data.topics import TopicTask
 from lhc.emloc import baselines
 from lhc.emloc.compress import EMLoCConfig, compress, next_token_logits
-from lhc.emloc.manyshot import ManyShot, PatchLM, episode, with_embeddings
+from lhc.emloc.manyshot import ManyShot, PatchLM, episode, text_episode, with_embeddings
 
 
 def _accuracy(model, params, memory, queries, answers) -> float:
@@ -48,59 +49,92 @@ def _load(workdir: str):
     return model, params, ManyShot(**fields), shots, step
 
 
-def _episode_rows(model, params, task, args, seed) -> list[dict]:
-    """Every method's row for one episode."""
-    lm_model, lm_params = lm.Transformer(model.config), params["lm"]
-    rng = np.random.default_rng(seed)
-    ep = episode(rng, task, args.shots, args.queries)
-    examples = with_embeddings(model, params, ep.demonstrations + ep.queries, ep.features)
-    demos, queries = examples[: args.shots], examples[args.shots :]
+def _generated_episodes(model: PatchLM, params, task: ManyShot, shots: int, queries: int):
+    """``make(seed) -> (demonstrations, queries, answers)`` of the generated task, with
+    the patch encoder's embeddings for images."""
+
+    def make(seed):
+        ep = episode(np.random.default_rng(seed), task, shots, queries)
+        examples = with_embeddings(model, params, ep.demonstrations + ep.queries, ep.features)
+        return examples[:shots], examples[shots:], ep.answers
+
+    return make
+
+
+def _text_episodes(tokenizer, task: TopicTask, shots: int, queries: int):
+    """``make(seed) -> (demonstrations, queries, answers)`` of English topic
+    classification (``lhc.emloc.manyshot.text_episode``)."""
+    return lambda seed: text_episode(np.random.default_rng(seed), tokenizer, task, shots, queries)
+
+
+def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
+    """Every method's row for one episode (``model`` an ``lhc.lm.Transformer``)."""
+    demos, queries, answers = make_episode(seed)
     context = sum(len(d) for d in demos)
     rows = []
 
     def row(method, delta, memory, seconds):
         kept = float(np.mean(memory.sizes()) / context)
-        accuracy = _accuracy(lm_model, lm_params, memory, queries, ep.answers)
+        accuracy = _accuracy(model, params, memory, queries, answers)
         rows.append(dict(method=method, delta=delta, accuracy=accuracy, kept=kept,
                          memory_kib=memory.nbytes() / 1024, seconds=seconds))  # fmt: skip
 
     began = time.perf_counter()
-    full = baselines.uniform_memory(lm_model, lm_params, demos, 1.0)
+    full = baselines.uniform_memory(model, params, demos, 1.0)
     row("full context", None, full, time.perf_counter() - began)
     for delta in args.deltas:
         config = EMLoCConfig(chunk_size=args.chunk_size, ratios=args.ratios, delta=delta)
-        compression = compress(lm_model, lm_params, demos, config)
+        compression = compress(model, params, demos, config)
         row("EMLoC", delta, compression.memory, compression.seconds)
         keep = max(compression.kept_fraction(), 1 / context)
         began = time.perf_counter()
-        uniform = baselines.uniform_memory(lm_model, lm_params, demos, keep)
+        uniform = baselines.uniform_memory(model, params, demos, keep)
         row("uniform", delta, uniform, time.perf_counter() - began)
         began = time.perf_counter()
-        snap = baselines.snapkv_memory(lm_model, lm_params, demos, keep, window=args.window)
+        snap = baselines.snapkv_memory(model, params, demos, keep, window=args.window)
         row("SnapKV-style", delta, snap, time.perf_counter() - began)
         budget, shots = keep * context, 0
         while shots < len(demos) and sum(len(d) for d in demos[-(shots + 1) :]) <= budget:
             shots += 1
-        fewer = baselines.uniform_memory(lm_model, lm_params, demos[-max(shots, 1) :], 1.0)
+        fewer = baselines.uniform_memory(model, params, demos[-max(shots, 1) :], 1.0)
         row("fewer shots", delta, fewer, 0.0)
     return rows
 
 
 def run(args) -> dict:
-    model, params, task, trained_shots, step = _load(args.workdir)
-    args.shots = args.shots or trained_shots
-    print(f"model: {args.workdir} (step {step}), {task.modality}, {args.shots} shots, "
+    if bool(args.workdir) == bool(args.checkpoint):
+        raise SystemExit("give exactly one of --workdir and --checkpoint")
+    if args.checkpoint:
+        from lhc.train import load_language_model
+
+        try:  # EMLoC's memory keeps different tokens per layer: layers unrolled
+            loaded = load_language_model(args.checkpoint, scan_layers=False)
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            raise SystemExit(f"--checkpoint: {error}") from None
+        args.shots = args.shots or 16
+        task = TopicTask(tuple(args.topics.split(",")), args.labels)
+        model, params, step, kind = loaded.model, loaded.params, None, "text (topics)"
+        make_episode = _text_episodes(loaded.tokenizer, task, args.shots, args.queries)
+    else:
+        patch_model, patch_params, task, trained_shots, step = _load(args.workdir)
+        args.shots = args.shots or trained_shots
+        model, params = lm.Transformer(patch_model.config), patch_params["lm"]
+        make_episode = _generated_episodes(patch_model, patch_params, task, args.shots,
+                                           args.queries)  # fmt: skip
+        kind = task.modality
+    print(f"model: {args.workdir or args.checkpoint} (step {step}), {kind}, {args.shots} shots, "
           f"{args.episodes} episodes x {args.queries} queries; {jax.devices()[0].device_kind}",
           flush=True)  # fmt: skip
-    return dict(workdir=args.workdir, step=step, **evaluate(model, params, task, args))
+    return dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step,
+                **evaluate(model, params, make_episode, kind, args))  # fmt: skip
 
 
-def evaluate(model: PatchLM, params, task: ManyShot, args) -> dict:
+def evaluate(model, params, make_episode, kind: str, args) -> dict:
     """The table (means per method and delta) and every episode's rows."""
-    _episode_rows(model, params, task, args, seed=args.seed - 1)  # compiles; not timed
+    _episode_rows(model, params, make_episode, args, seed=args.seed - 1)  # compiles; not timed
     rows = []
     for index in range(args.episodes):
-        rows += _episode_rows(model, params, task, args, seed=args.seed + index)
+        rows += _episode_rows(model, params, make_episode, args, seed=args.seed + index)
         print(f"episode {index + 1}/{args.episodes} done", flush=True)
     table = []
     keys = sorted({(r["method"], r["delta"]) for r in rows}, key=lambda k: (k[1] or 0, k[0]))
@@ -117,7 +151,7 @@ def evaluate(model: PatchLM, params, task: ManyShot, args) -> dict:
         delta = "—" if t["delta"] is None else f"{t['delta']:g}"
         print(f"| {t['method']} | {delta} | {t['accuracy']:.3f} | {t['kept']:.3f} | "
               f"{t['memory_kib']:.1f} | {t['seconds']:.2f} |")  # fmt: skip
-    return dict(modality=task.modality, shots=args.shots,
+    return dict(modality=kind, shots=args.shots,
                 episodes=args.episodes, queries=args.queries, chunk_size=args.chunk_size,
                 ratios=list(args.ratios), table=table, rows=rows)  # fmt: skip
 
@@ -128,8 +162,15 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lhc bench emloc", description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", required=True, help="a model of configs/emloc_manyshot.py")
-    p.add_argument("--shots", type=int, default=0, help="default: the training shots")
+    p.add_argument("--workdir", help="a model of configs/emloc_manyshot.py")
+    p.add_argument("--checkpoint",
+                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: "
+                   "English topic classification (lhc.data.topics) instead")  # fmt: skip
+    p.add_argument("--topics", default="sports,food,weather,music", help="with --checkpoint")
+    p.add_argument("--labels", default="names", choices=("names", "letters"),
+                   help="with --checkpoint: the topics' names or letters")  # fmt: skip
+    p.add_argument("--shots", type=int, default=0,
+                   help="default: the training shots (16 with --checkpoint)")  # fmt: skip
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--queries", type=int, default=20)
     p.add_argument("--chunk-size", type=int, default=4, help="demonstrations per chunk")

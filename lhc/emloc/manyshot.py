@@ -30,6 +30,7 @@ import numpy as np
 
 from lhc import lm
 from lhc.data.iterators import row_rngs, stack_rows
+from lhc.data.topics import TopicTask
 from lhc.emloc.compress import Example
 from lhc.train.causal_lm import CausalLMTask, lm_config_from
 from lhc.train.tasks import register_task
@@ -171,6 +172,41 @@ def episode(rng: np.random.Generator, task: ManyShot, shots: int, queries: int) 
         features.append(feats)
         answers.append(draws["labels"][label])
     return Episode(demonstrations, query_list, np.asarray(answers, np.int32), features)
+
+
+TEXT_DEMONSTRATION = "Text: {text}\nTopic:"
+
+
+def text_episode(
+    rng: np.random.Generator, tokenizer, task: TopicTask, shots: int, queries: int
+) -> tuple[list[Example], list[Example], np.ndarray]:
+    """English topic classification (``lhc.data.topics``) in a pretrained model's
+    tokens: ``shots`` demonstrations ``Text: <sentence>\nTopic: <label>\n\n`` (classes
+    balanced, shuffled; the answer is the label's first token), ``queries`` queries
+    ``Text: <sentence>\nTopic:`` and their answers, the label's first token.
+
+    Raises:
+        ValueError: two labels that start with the same token.
+    """
+    labels = [tokenizer.encode(label) for label in task.label_texts()]
+    firsts = [label[0] for label in labels]
+    if len(set(firsts)) != len(firsts):
+        raise ValueError(f"the labels {task.label_texts()} must start with different tokens")
+    newline = tokenizer.encode("\n\n")
+    texts, classes = task.sample(rng, shots)
+    demonstrations = []
+    for text, label in zip(texts, classes):
+        prompt = tokenizer.encode(TEXT_DEMONSTRATION.format(text=text))
+        tokens = np.asarray([*prompt, *labels[label], *newline], np.int32)
+        answer = np.zeros(tokens.size, bool)
+        answer[len(prompt)] = True
+        demonstrations.append(Example(tokens, answer))
+    texts, classes = task.sample(rng, queries)
+    query_list = []
+    for text in texts:
+        tokens = np.asarray(tokenizer.encode(TEXT_DEMONSTRATION.format(text=text)), np.int32)
+        query_list.append(Example(tokens, np.zeros(tokens.size, bool)))
+    return demonstrations, query_list, np.asarray([firsts[c] for c in classes], np.int32)
 
 
 class PatchEncoder(nn.Module):

@@ -20,12 +20,14 @@ tasks, with a model of ``configs/icl_classification.py``::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 
 import numpy as np
 
+from lhc.data import topics
 from lhc.icl import classification, iterative, taskvectors
 from lhc.icl.families import get_family, superposition_prompt
 from lhc.icl.scoring import answer_probabilities, kl_to_proportions, with_other
@@ -135,13 +137,16 @@ def _answer_tokens(tokenizer, text: str, answer: str) -> list[int]:
 
 
 def family_table(args) -> dict:
-    import jax.numpy as jnp
 
     from lhc import lm
+    from lhc.train import load_language_model
 
-    config, params = lm.hf.load(args.checkpoint, jnp.dtype(args.dtype))
-    model = lm.Transformer(config)
-    tokenizer = lm.load_tokenizer(args.tokenizer or args.checkpoint)
+    try:
+        ckpt = load_language_model(args.checkpoint, dtype=args.dtype)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"--checkpoint: {error}") from None
+    model, params = ckpt.model, ckpt.params
+    tokenizer = lm.load_tokenizer(args.tokenizer) if args.tokenizer else ckpt.tokenizer
     bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     rng = np.random.default_rng(args.seed)
     result = {}
@@ -170,10 +175,11 @@ def superposition_main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="lhc bench icl-superposition",
                                 description=__doc__.split("\n")[0])  # fmt: skip
     p.add_argument("--workdir", help="a model of configs/icl_superposition.py")
-    p.add_argument("--checkpoint", help="a Hugging Face checkpoint directory (with --family)")
+    p.add_argument("--checkpoint",
+                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct (with --family)")  # fmt: skip
     p.add_argument("--tokenizer", default=None, help="default: the checkpoint's")
     p.add_argument("--family", default="addition", help="comma-separated family names")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default=None, help="for --checkpoint (float32 on CPU, else bfloat16)")
     p.add_argument("--prompts", type=int, default=50)
     p.add_argument("--demos", type=int, default=0, help="default: the training prompts'")
     p.add_argument("--points", type=int, default=11, help="proportions in [0, 1]")
@@ -197,9 +203,31 @@ def superposition_main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _generated_task(classes, keywords, input_length, noise, seed):
+    """``(labels, format, split(count, seed))`` of the generated task ``seed``."""
+    task = classification.fixed_task(seed, classes, keywords=keywords,
+                                     input_length=input_length, noise=noise)  # fmt: skip
+    return task.labels, task.format(), functools.partial(classification.split, task)
+
+
+def _topic_task(tokenizer, classes, labels, seed):
+    """``(labels, format, split(count, seed))`` of ``classes`` English topics drawn with
+    ``seed`` (``lhc.data.topics``) in ``tokenizer``'s tokens."""
+    names = np.random.default_rng(seed).choice(sorted(topics.TOPICS), classes, replace=False)
+    task = topics.TopicTask(tuple(str(n) for n in names), labels)
+    split = functools.partial(classification.text_split, tokenizer, task)
+    shown = [f"{text.strip()}={topic}" for text, topic in zip(task.label_texts(), task.topics)]
+    return tuple(shown), classification.text_format(tokenizer, task), split
+
+
 def vectors_main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="lhc bench icl-vectors", description="Iterative Vectors")
-    p.add_argument("--workdir", required=True, help="a model of configs/icl_classification.py")
+    p.add_argument("--workdir", help="a model of configs/icl_classification.py")
+    p.add_argument("--checkpoint",
+                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: "
+                   "English topic classification (lhc.data.topics) instead")  # fmt: skip
+    p.add_argument("--labels", default="letters", choices=("letters", "names"),
+                   help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names")  # fmt: skip
     p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")
@@ -213,26 +241,41 @@ def vectors_main(argv: list[str] | None = None) -> dict:
     p.add_argument("--negative-shift", type=int, default=1)
     p.add_argument("--json", default=None)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    exp, params, step = _restore(args.workdir)
-    model = exp.task.model
-    print(f"model: {args.workdir} (step {step}); {args.tasks} tasks of {args.classes} classes, "
+    if bool(args.workdir) == bool(args.checkpoint):
+        raise SystemExit("give exactly one of --workdir and --checkpoint")
+    source = args.workdir or args.checkpoint
+    if args.checkpoint:
+        from lhc.train import load_language_model
+
+        try:
+            loaded = load_language_model(args.checkpoint)
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            raise SystemExit(f"--checkpoint: {error}") from None
+        model, params, step = loaded.model, loaded.params, None
+        make_task = functools.partial(_topic_task, loaded.tokenizer, args.classes, args.labels)
+    else:
+        exp, params, step = _restore(args.workdir)
+        model = exp.task.model
+        # The fixed tasks draw inputs as the model's pretraining prompts did.
+        data = exp.task.config.data
+        noise = float(data.noise if args.noise is None else args.noise)
+        make_task = functools.partial(
+            _generated_task, args.classes, int(data.keywords), int(data.input_length), noise
+        )
+    print(f"model: {source} (step {step}); {args.tasks} tasks of {args.classes} classes, "
           f"{args.shots}-shot, {args.test_episodes} test episodes")  # fmt: skip
-    # The fixed tasks draw inputs as the model's pretraining prompts did.
-    data = exp.task.config.data
-    task_kwargs = dict(keywords=int(data.keywords), input_length=int(data.input_length),
-                       noise=float(data.noise if args.noise is None else args.noise))  # fmt: skip
     rows = []
     for seed in range(1, args.tasks + 1):
-        task = classification.fixed_task(seed, args.classes, **task_kwargs)
-        fmt = task.format()
-        train = classification.split(task, 400, seed=10 * seed)
-        val = iterative.evaluation_episodes(classification.split(task, 400, 10 * seed + 1),
-                                            args.shots, args.val_episodes, seed)  # fmt: skip
-        test = iterative.evaluation_episodes(classification.split(task, 400, 10 * seed + 2),
-                                             args.shots, args.test_episodes, seed)  # fmt: skip
+        labels, fmt, split = make_task(seed)
+        train = split(400, 10 * seed)
+        val = iterative.evaluation_episodes(split(400, 10 * seed + 1), args.shots,
+                                            args.val_episodes, seed)  # fmt: skip
+        test = iterative.evaluation_episodes(split(400, 10 * seed + 2), args.shots,
+                                             args.test_episodes, seed)  # fmt: skip
+        num_classes = len(labels)
         true = np.array([q[1] for _, q in test])
 
-        def score(predicted, true=true, classes=task.num_classes):
+        def score(predicted, true=true, classes=num_classes):
             return iterative.macro_f1(predicted, true, classes), float(np.mean(predicted == true))
 
         began = time.perf_counter()
@@ -247,7 +290,7 @@ def vectors_main(argv: list[str] | None = None) -> dict:
             episodes=args.episodes, negative_shift=args.negative_shift, seed=seed,
         )  # fmt: skip
         ivs = score(iterative.predict(model, params, fmt, test, best["vectors"], best["strength"]))
-        row = dict(task=seed, labels=list(task.labels), clean_f1=clean[0], clean_acc=clean[1],
+        row = dict(task=seed, labels=list(labels), clean_f1=clean[0], clean_acc=clean[1],
                    tv_f1=tvs[0], tv_acc=tvs[1], tv_layer=tv.layer, tv_val_f1=tv_layers,
                    iv_f1=ivs[0], iv_acc=ivs[1], iv_val_f1=best["macro_f1"],
                    ext_shot=best["ext_shot"], strength=best["strength"],
@@ -269,7 +312,8 @@ def vectors_main(argv: list[str] | None = None) -> dict:
               f"{r['ext_strength']}) |")  # fmt: skip
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("clean_f1", "tv_f1", "iv_f1")}
     print(f"| mean | | {mean['clean_f1']:.3f} | {mean['tv_f1']:.3f} | {mean['iv_f1']:.3f} |")
-    result = dict(workdir=args.workdir, step=step, rows=rows, mean=mean, shots=args.shots)
+    result = dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step, rows=rows,
+                  mean=mean, shots=args.shots)  # fmt: skip
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)

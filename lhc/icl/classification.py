@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.data.iterators import row_rngs, stack_rows
+from lhc.data.topics import TopicTask
 from lhc.icl.iterative import Examples, Format, build_prompt
 from lhc.parallel import global_batch
 from lhc.train.causal_lm import CausalLMTask
@@ -78,6 +79,33 @@ def split(task: Task, count: int, seed: int) -> Examples:
     rng = np.random.default_rng(seed)
     labels = np.arange(count) % task.num_classes
     return Examples([task.sample(rng, c) for c in labels], labels, task.num_classes)
+
+
+# Natural-language tasks for pretrained models: "Text: <sentence>\nTopic: <label>\n\n".
+TEXT_INPUT = "Text: {text}\nTopic"
+
+
+def text_format(tokenizer, task: TopicTask) -> Format:
+    """The Iterative Vectors layout of ``task`` (``lhc.data.topics``) in a pretrained
+    model's tokens: the input ``Text: <sentence>\nTopic``, the separator ``:``, the
+    label (`` A`` or `` sports``), demonstrations joined by a blank line.
+
+    Raises:
+        ValueError: ``:`` is not one token of ``tokenizer``, or two labels start with
+            the same token.
+    """
+    separator = tokenizer.encode(":")
+    if len(separator) != 1:
+        raise ValueError(f"the separator ':' must be one token, got {separator}")
+    labels = tuple(tuple(tokenizer.encode(label)) for label in task.label_texts())
+    return Format(labels, separator[0], tuple(tokenizer.encode("\n\n")))
+
+
+def text_split(tokenizer, task: TopicTask, count: int, seed: int) -> Examples:
+    """``count`` labelled sentences of ``task`` (classes balanced) as input tokens."""
+    texts, classes = task.sample(np.random.default_rng(seed), count)
+    inputs = [tokenizer.encode(TEXT_INPUT.format(text=text)) for text in texts]
+    return Examples(inputs, classes, task.num_classes)
 
 
 def training_row(rng, max_classes: int, max_shots: int, width: int,

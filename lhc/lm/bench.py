@@ -18,6 +18,15 @@ streaming read of a 1 GiB array). ``--prefill-len N`` measures, in a fresh proce
 peak memory of prefilling one N-token prompt with the chunked attention.
 
     lhc bench lm-decode --against transformers --batch-sizes 1,8 --prefill-len 32768
+
+``--checkpoint`` (a Hugging Face directory, a GGUF file or ``smollm2-135m-instruct``)
+measures a real model instead of ``--configs``, and compares it with transformers
+(which reads the same file) instead of ``--against-config``; ``--scan-layers 1,0``
+adds lhc's scanned and unrolled layers to the kernel layouts, and the first call of
+each (lhc compiles there) is reported::
+
+    lhc bench lm-decode --checkpoint smollm2-135m-instruct --configs "" --real-config "" \
+        --against transformers --batch-sizes 1,8 --scan-layers 1,0
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.lm import hf
+from lhc.lm import gguf, hf
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig, get_preset
 from lhc.lm.decoding import generate, prefill
@@ -139,11 +148,18 @@ def best_time(fn, repeats: int) -> float:
 
 
 def measure(
-    name: str, config: LMConfig, batch_size: int, prompt_len: int, decode_steps: int, repeats: int
+    name: str,
+    config: LMConfig,
+    batch_size: int,
+    prompt_len: int,
+    decode_steps: int,
+    repeats: int,
+    params: Any = None,
 ) -> dict[str, Any]:
-    """Prefill and decode throughput of ``config`` on the default device."""
+    """Prefill and decode throughput of ``config`` on the default device, with
+    ``params`` (random when None)."""
     model = Transformer(config)
-    params = random_params(config)
+    params = random_params(config) if params is None else params
     prompt = jnp.asarray(
         np.random.default_rng(1).integers(0, config.vocab_size, (batch_size, prompt_len)), jnp.int32
     )
@@ -211,9 +227,28 @@ def _agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
     )  # fmt: skip
 
 
+def _variant_name(layout: str, scan: bool) -> str:
+    return f"{layout}, {'scanned' if scan else 'unrolled'}"
+
+
+def _transformers_model(path: str):
+    """transformers' model of a Hugging Face directory or a GGUF file, float32."""
+    import torch
+    import transformers
+
+    if path.endswith(".gguf"):
+        directory, name = os.path.split(os.path.abspath(path))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=name, dtype=torch.float32
+        )
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
+
+
 def compare_with_transformers(
     name: str,
-    config: LMConfig,
+    config: LMConfig | None,
     batch_sizes: tuple[int, ...],
     prompt_len: int,
     new_tokens: int,
@@ -221,36 +256,48 @@ def compare_with_transformers(
     seed: int = 0,
     bandwidth_bytes: int = 2**30,
     kernel_layouts: tuple[str, ...] = ("in_out", "out_in"),
+    scan_layers: tuple[bool, ...] = (False,),
+    checkpoint: str | None = None,
+    torch_threads: int | None = None,
 ) -> dict[str, Any]:
     """Greedy decoding of lhc and of ``transformers.generate`` on the same checkpoint.
 
-    Both read one safetensors checkpoint of random weights (lhc in each of
-    ``kernel_layouts``: ``out_in`` keeps the checkpoint's own ``[out, in]`` weights); all
-    generate ``new_tokens`` after a random ``prompt_len`` prompt, timed end to end
-    (prefill included) as the best of ``repeats`` interleaved runs after a warm-up. The
-    decode steps alone are timed too (``generate`` of ``new_tokens`` minus ``generate``
-    of one token, per step); at batch 1 lhc's step is set against the bytes it must read
-    (every weight and the cached keys and values) and the measured bandwidth.
+    Both read one checkpoint: ``checkpoint`` (a Hugging Face directory, a GGUF file or a
+    named pretrained model), else a safetensors checkpoint of random weights of
+    ``config``. lhc runs in each of ``kernel_layouts`` (``out_in`` keeps the checkpoint's
+    own ``[out, in]`` weights) and ``scan_layers`` settings (layers unrolled, or one
+    scanned block). All generate ``new_tokens`` after a random ``prompt_len`` prompt,
+    timed end to end (prefill included) as the best of ``repeats`` interleaved runs
+    after a first call, which is timed apart (lhc compiles there). The decode steps
+    alone are timed too (``generate`` of ``new_tokens`` minus ``generate`` of one token,
+    per step); at batch 1 lhc's step is set against the bytes it must read (every weight
+    and the cached keys and values) and the measured bandwidth. torch runs with
+    ``torch_threads`` threads (default: as many as XLA's CPU client uses, the cores).
 
     Returns:
-        A dict with one row per batch size and lhc kernel layout.
+        A dict with one row per batch size and lhc variant.
     """
     import torch
     import transformers
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    # The model's own initialisation (unit norms, fan-in scaled weights): logits with a
-    # clear argmax, so that both decodings can agree token for token.
-    params = jax.device_get(init_params(config, jax.random.key(seed)))
+    from lhc.lm.checkpoints import resolve_checkpoint
+
+    torch.set_num_threads(torch_threads or os.cpu_count() or 1)
+    variants = [(layout, scan) for layout in kernel_layouts for scan in scan_layers]
     models = {}
     with tempfile.TemporaryDirectory() as directory:
-        hf.save(config, params, directory)
-        for layout in kernel_layouts:
-            layout_config, layout_params = hf.load(directory, kernel_layout=layout)
-            models[layout] = (Transformer(layout_config), layout_params)
-        torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float32
-        ).eval()
+        if checkpoint is None:
+            # The model's own initialisation (unit norms, fan-in scaled weights): logits
+            # with a clear argmax, so that both decodings can agree token for token.
+            hf.save(config, jax.device_get(init_params(config, jax.random.key(seed))), directory)
+            path = directory
+        else:
+            path = resolve_checkpoint(checkpoint)
+        load = gguf.load if path.endswith(".gguf") else hf.load
+        for layout, scan in variants:
+            config, params = load(path, jnp.float32, kernel_layout=layout, scan_layers=scan)
+            models[_variant_name(layout, scan)] = (Transformer(config), params)
+        torch_model = _transformers_model(path)
     # The bandwidth is read between the timed runs too, so that it sees the same machine.
     read = streaming_read(bandwidth_bytes)
     bandwidths = [read() for _ in range(repeats)]
@@ -275,8 +322,12 @@ def compare_with_transformers(
         # Every implementation, full length and one token, interleaved so that a slow
         # spell of a shared machine hits all alike; the best of each is kept.
         impls = {"transformers": functools.partial(theirs, layout=None)}
-        impls.update({layout: functools.partial(ours, layout=layout) for layout in models})
-        tokens = {impl: run(new_tokens) for impl, run in impls.items()}  # and warm up
+        impls.update({variant: functools.partial(ours, layout=variant) for variant in models})
+        tokens, first_call_s = {}, {}
+        for impl, run in impls.items():  # the first call: lhc compiles here
+            start = time.perf_counter()
+            tokens[impl] = run(new_tokens)
+            first_call_s[impl] = time.perf_counter() - start
         for run in impls.values():
             run(1)
         times = {(impl, steps): [] for impl in impls for steps in (new_tokens, 1)}
@@ -296,13 +347,15 @@ def compare_with_transformers(
             )  # fmt: skip
         theirs_rates = rates["transformers"]
         bandwidth = max(bandwidths)
-        for layout in models:
-            row = dict(batch_size=batch_size, kernel_layout=layout)
-            row.update({f"lhc_{key}": value for key, value in rates[layout].items()})
+        for (layout, scan), variant in zip(variants, models):
+            row = dict(batch_size=batch_size, kernel_layout=layout, scan_layers=scan,
+                       lhc_first_call_s=first_call_s[variant],
+                       transformers_first_call_s=first_call_s["transformers"])  # fmt: skip
+            row.update({f"lhc_{key}": value for key, value in rates[variant].items()})
             row.update({f"transformers_{key}": value for key, value in theirs_rates.items()})
             row["speedup"] = row["transformers_s"] / row["lhc_s"]
             row["decode_speedup"] = row["transformers_decode_step_s"] / row["lhc_decode_step_s"]
-            row.update(_agreement(tokens[layout], tokens["transformers"]))
+            row.update(_agreement(tokens[variant], tokens["transformers"]))
             if batch_size == 1:
                 context = prompt_len + new_tokens / 2
                 step_bytes = decode_bytes_per_token(config, int(context), 1)["bytes_per_step"]
@@ -369,19 +422,22 @@ def _format_comparison(result: dict[str, Any]) -> str:
         f"{result['torch_version']} ({result['torch_threads']} threads), transformers "
         f"{result['transformers_version']}; measured bandwidth "
         f"{result['measured_bandwidth_gbps']:.2f} GB/s",
-        "tok/s end to end (prefill included) and of the decode steps alone:",
-        f"{'batch':>5} {'lhc kernels':>11} {'lhc':>8} {'transformers':>13} {'ratio':>7} "
+        "tok/s end to end (prefill included) and of the decode steps alone; the first call "
+        "(lhc compiles there) timed apart:",
+        f"{'batch':>5} {'lhc kernels, layers':>20} {'lhc':>8} {'transformers':>13} {'ratio':>7} "
         f"{'lhc decode':>11} {'tr. decode':>11} {'ratio':>7} {'tokens equal':>13} "
-        f"{'bandwidth':>10}",
+        f"{'bandwidth':>10} {'lhc 1st call s':>15}",
     ]
     for row in result["rows"]:
         fraction = row.get("bandwidth_fraction")
         lines.append(
-            f"{row['batch_size']:>5} {row['kernel_layout']:>11} {row['lhc_tokens_per_s']:>8.1f} "
+            f"{row['batch_size']:>5} {_variant_name(row['kernel_layout'], row['scan_layers']):>20} "
+            f"{row['lhc_tokens_per_s']:>8.1f} "
             f"{row['transformers_tokens_per_s']:>13.1f} {row['speedup']:>6.2f}x "
             f"{row['lhc_decode_tokens_per_s']:>11.1f} {row['transformers_decode_tokens_per_s']:>11.1f} "
             f"{row['decode_speedup']:>6.2f}x {row['tokens_equal']:>13.3f} "
-            f"{'' if fraction is None else f'{100 * fraction:.0f}%':>10}"
+            f"{'' if fraction is None else f'{100 * fraction:.0f}%':>10} "
+            f"{row['lhc_first_call_s']:>15.1f}"
         )
     return "\n".join(lines)
 
@@ -452,6 +508,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--kernel-layouts", default="in_out,out_in", help="lhc kernel layouts, for --against"
     )
+    parser.add_argument(
+        "--scan-layers", default="0", help="lhc layers scanned (1) or unrolled (0), for --against"
+    )
+    parser.add_argument(
+        "--checkpoint", default=None,
+        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: measured instead "
+        "of --configs, and compared with --against instead of --against-config",
+    )  # fmt: skip
+    parser.add_argument(
+        "--torch-threads", type=int, default=None,
+        help="torch threads for --against (default: the cores, as XLA's CPU client uses)",
+    )  # fmt: skip
     parser.add_argument("--new-tokens", type=int, default=64, help="for --against")
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="array size of the bandwidth read"
@@ -471,16 +539,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--hbm-gbps must be positive")
 
     measured = []
-    for name in [n for n in args.configs.split(",") if n]:
+    names = [] if args.checkpoint else [n for n in args.configs.split(",") if n]
+    for name in names:
+        try:
+            config = _config(name)
+        except ValueError as error:
+            parser.error(f"--configs: {error} (a checkpoint goes in --checkpoint)")
+        measured.append(
+            measure(name, config, args.batch_size, args.prompt_len, args.decode_steps, args.repeats)
+        )
+    if args.checkpoint:
+        from lhc.lm.checkpoints import load_checkpoint
+
+        try:
+            loaded = load_checkpoint(args.checkpoint, scan_layers=True)
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            parser.error(f"--checkpoint: {error}")
         measured.append(
             measure(
-                name,
-                _config(name),
+                args.checkpoint,
+                loaded.config,
                 args.batch_size,
                 args.prompt_len,
                 args.decode_steps,
                 args.repeats,
-            )
+                params=loaded.params,
+            )  # fmt: skip
         )
     analytic = None
     if args.real_config:
@@ -507,10 +591,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
         if min(batch_sizes) < 1 or args.new_tokens < 2:
             parser.error("--batch-sizes must be >= 1 and --new-tokens >= 2")
+        scan_layers = tuple(value == "1" for value in args.scan_layers.split(","))
         comparison = compare_with_transformers(
-            args.against_config, _config(args.against_config), batch_sizes, args.prompt_len,
-            args.new_tokens, args.repeats, bandwidth_bytes=args.bandwidth_mib * 2**20,
-            kernel_layouts=tuple(args.kernel_layouts.split(",")),
+            args.checkpoint or args.against_config,
+            None if args.checkpoint else _config(args.against_config), batch_sizes,
+            args.prompt_len, args.new_tokens, args.repeats,
+            bandwidth_bytes=args.bandwidth_mib * 2**20,
+            kernel_layouts=tuple(args.kernel_layouts.split(",")), scan_layers=scan_layers,
+            checkpoint=args.checkpoint, torch_threads=args.torch_threads,
         )  # fmt: skip
         result["against_transformers"] = comparison
         print()

@@ -53,10 +53,13 @@ from lhc.rapid.memory import memory_estimate, memory_table
 from lhc.rapid.retrieval import RetrievalConfig, retrieval_budget, word_terms
 
 
-def passkey_questions(context_len: int, samples: int, *, seed: int = 0, digits: int = 5):
-    """``(contexts, questions, answers)``: ``samples`` contexts of ``context_len`` tokens,
-    a needle at depths evenly spread over [0, 1], the passkey question."""
-    tokenizer = lm.ByteTokenizer()
+def passkey_questions(
+    context_len: int, samples: int, *, seed: int = 0, digits: int = 5, tokenizer=None
+):
+    """``(contexts, questions, answers)``: ``samples`` contexts of ``context_len`` tokens
+    of ``tokenizer`` (bytes by default), a needle at depths evenly spread over [0, 1],
+    the passkey question."""
+    tokenizer = tokenizer or lm.ByteTokenizer()
     rng = np.random.default_rng(seed)
     contexts, questions, answers = [], [], []
     for depth in np.linspace(0.0, 1.0, samples):
@@ -120,10 +123,11 @@ def measure_length(
 def methods_for(
     target, target_params, drafter, draft_params, etas, upward, upward_etas, gamma, *,
     alpha: float = 0.1, sampling: SamplingParams = GREEDY, rng: jax.Array | None = None,
+    stop_tokens: tuple[int, ...] = (),
 ):  # fmt: skip
     """``(name, run(prompts, new_tokens, cache), uses_cache)``, target-only first; the
     cache is the target's, holding the contexts."""
-    common = dict(sampling=sampling, rng=rng)
+    common = dict(sampling=sampling, rng=rng, stop_tokens=stop_tokens)
 
     def target_run(prompts, n, cache):
         return target_generate(target, target_params, prompts, max_new_tokens=n, cache=cache,
@@ -163,14 +167,38 @@ def table(results: dict[int, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def _load(workdir: str | None, max_len: int, seed: int):
-    if workdir is not None:
-        from lhc.train import restore_params
+def _load(workdir: str | None, max_len: int, seed: int, checkpoint: str | None = None):
+    """``lhc.lm.Checkpoint`` of an imported checkpoint or a run; else a random tiny
+    decoder of byte tokens."""
+    if workdir is not None or checkpoint is not None:
+        from lhc.train import load_language_model
 
-        exp, params, _ = restore_params(None, workdir)
-        return exp.task.model, params
-    config = lm.LMConfig.tiny(vocab_size=lm.ByteTokenizer().vocab_size, max_len=max_len)
-    return lm.Transformer(config), lm.init_params(config, jax.random.key(seed))
+        overrides = {} if checkpoint is None else {"max_len": max_len}
+        try:
+            return load_language_model(checkpoint, workdir, **overrides)
+        except (FileNotFoundError, ValueError, RuntimeError) as error:
+            raise SystemExit(f"lhc bench rapid: {error}") from None
+    tokenizer = lm.ByteTokenizer()
+    config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=max_len)
+    params = lm.init_params(config, jax.random.key(seed))
+    return lm.Checkpoint(lm.Transformer(config), params, tokenizer, (), "random")
+
+
+def chat_parts(tokenizer) -> tuple[list[int], list[int], list[int]]:
+    """``(prefix, separator, suffix)`` tokens that put a context and a question into one
+    user turn of the tokenizer's chat template (``prefix context separator question
+    suffix``); plain text (a bos, a blank line) without a template."""
+    if tokenizer.chat_template is None:
+        return (
+            ([] if tokenizer.bos_id is None else [tokenizer.bos_id]),
+            tokenizer.encode("\n\n"),
+            [],
+        )
+    context, question = "\x00CONTEXT\x00", "\x00QUESTION\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": f"{context}\n\n{question}"}])
+    before, rest = text.split(context)
+    between, after = rest.split(question)
+    return tokenizer.encode(before), tokenizer.encode(between), tokenizer.encode(after)
 
 
 def _numbers(text: str, flag: str, kind=int) -> list:
@@ -286,6 +314,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--setup", default=None, help="configs/rapid_llama.py:NAME")
     parser.add_argument("--workdir", default=None, help="the trained target (random if absent)")
     parser.add_argument("--draft-workdir", default=None, help="a larger drafter (upward)")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="the target: a Hugging Face directory, a .gguf file or "
+        "smollm2-135m-instruct (its tokenizer, chat template, stop tokens)",
+    )
+    parser.add_argument("--draft-checkpoint", default=None, help="a larger drafter (upward)")
     parser.add_argument("--context-lengths", default="2048,8192")
     parser.add_argument("--samples", type=int, default=4, help="examples per length (a batch)")
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -313,23 +348,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lengths = _numbers(args.context_lengths, "--context-lengths")
     etas = _numbers(args.etas, "--etas", float)
     upward_etas = _numbers(args.upward_etas, "--upward-etas", float)
+    if args.workdir and args.checkpoint or args.draft_workdir and args.draft_checkpoint:
+        raise SystemExit("give a workdir or a checkpoint for each model, not both")
     max_len = max(lengths) + 1024
-    target, params = _load(args.workdir, max_len, args.seed)
-    upward = None if args.draft_workdir is None else _load(args.draft_workdir, max_len, args.seed)
-    tokenizer = lm.ByteTokenizer()
+    loaded = _load(args.workdir, max_len, args.seed, args.checkpoint)
+    target, params, tokenizer = loaded.model, loaded.params, loaded.tokenizer
+    upward = None
+    if args.draft_workdir or args.draft_checkpoint:
+        large = _load(args.draft_workdir, max_len, args.seed, args.draft_checkpoint)
+        upward = (large.model, large.params)
     retrieval = RetrievalConfig(chunk_size=args.chunk_size, min_budget=args.min_budget,
                                 ratio=args.ratio, threshold=args.threshold)  # fmt: skip
-    methods = methods_for(target, params, target, params, etas, upward, upward_etas, args.gamma)
+    methods = methods_for(target, params, target, params, etas, upward, upward_etas, args.gamma,
+                          stop_tokens=loaded.stop_tokens)  # fmt: skip
+    byte_tokens = isinstance(tokenizer, lm.ByteTokenizer)
+    prefix, separator, suffix = ([], [], []) if byte_tokens else chat_parts(tokenizer)
+
+    def correct(tokens, answer):  # the key's tokens first; a chat model's reply may word it
+        if byte_tokens:
+            return starts_with_answer(tokens, answer)
+        return tokenizer.decode(answer) in tokenizer.decode([int(t) for t in tokens])
+
     results = {}
     for length in lengths:
-        contexts, questions, answers = passkey_questions(length, args.samples, seed=args.seed)
-        prompts = build_prompts(contexts, questions, retrieval, terms=word_terms(tokenizer.decode))
+        contexts, questions, answers = passkey_questions(length, args.samples, seed=args.seed,
+                                                         tokenizer=tokenizer)  # fmt: skip
+        questions = [np.asarray([*q, *suffix], np.int32) for q in questions]
+        prompts = build_prompts(contexts, questions, retrieval, terms=word_terms(tokenizer.decode),
+                                prefix=prefix, separator=separator)  # fmt: skip
         extra = max(len(q) for q in questions) + args.new_tokens + args.gamma + 16
         start = time.perf_counter()
         cache = jax.block_until_ready(prefill_contexts(target, params, prompts, extra=extra))
         print(f"context {length}: prefilled in {time.perf_counter() - start:.1f} s", flush=True)
         results[length] = measure_length(methods, prompts, answers, cache,
-                                         new_tokens=args.new_tokens, repeats=args.repeats)  # fmt: skip
+                                         new_tokens=args.new_tokens, repeats=args.repeats,
+                                         correct=correct)  # fmt: skip
         del cache
         rag_len = max(len(t) for t in prompts.rag_tokens)
         print(f"context {length}: RAG prompt {rag_len} tokens "

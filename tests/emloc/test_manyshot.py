@@ -113,7 +113,9 @@ def test_bench_table_on_a_random_image_model():
         ["--workdir", "unused", "--shots", "8", "--episodes", "1", "--queries", "3",
          "--chunk-size", "4", "--deltas", "0.01"]
     )  # fmt: skip
-    result = bench.evaluate(model, params["params"], task, args)
+    make = bench._generated_episodes(model, params["params"], task, shots=8, queries=3)
+    lm_model, lm_params = lm.Transformer(config), params["params"]["lm"]
+    result = bench.evaluate(lm_model, lm_params, make, "image", args)
     methods = {(t["method"], t["delta"]) for t in result["table"]}
     assert methods == {("full context", None)} | {
         (m, 0.01) for m in ("EMLoC", "uniform", "SnapKV-style", "fewer shots")

@@ -1,0 +1,84 @@
+"""Every benchmark that runs a language model takes ``--checkpoint`` through one loader
+(``lhc.train.load_language_model``): here a tiny random GGUF file with a byte-level BPE
+tokenizer and a chat template, in each bench's smallest setting. What each bench
+measures is tested with its own package; this checks the checkpoint reaches it with
+its tokenizer."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from lhc.data.topics import TOPICS, TopicTask
+from lhc.emloc import bench as emloc_bench
+from lhc.icl import bench as icl_bench
+from lhc.lm import bench as lm_bench
+from lhc.quantspec import bench as quantspec_bench
+from lhc.rapid import bench as rapid_bench
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A 2-layer Llama GGUF whose vocabulary has the topic sentences' words and the
+    labels " A".." H" as single tokens."""
+    pytest.MonkeyPatch().syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "lm"))
+    import _gguf_files
+
+    rng = np.random.default_rng(0)
+    task = TopicTask(tuple(TOPICS), labels="letters")
+    corpus = [f"Text: {task.sentence(rng, i % 8)}\nTopic:{task.label_texts()[i % 8]}\n\n"
+              for i in range(400)] + list(_gguf_files.CORPUS)  # fmt: skip
+    vocab = _gguf_files.byte_level_vocab(corpus, vocab_size=700)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    return str(_gguf_files.write_gguf(path, "llama", vocab, context=4096))
+
+
+def test_lm_decode(checkpoint):
+    result = lm_bench.main(["--checkpoint", checkpoint, "--real-config", "", "--prompt-len", "8",
+                            "--decode-steps", "3", "--repeats", "1"])  # fmt: skip
+    (row,) = result["measured"]
+    assert row["config"] == checkpoint and row["cached_matches_recompute"] == 1.0
+
+
+def test_quantspec(checkpoint):
+    # The measurement itself runs on a tiny model in tests/quantspec; here the checkpoint
+    # and prompts of filler text in its own tokens.
+    model, params, tokenizer = quantspec_bench.load_model(None, None, checkpoint)
+    assert model.config.scan_layers and tokenizer.encode("Topic:") != list(b"Topic:")
+    prompts = quantspec_bench.filler_prompts(2, 40, tokenizer=tokenizer)
+    assert prompts.shape == (2, 40) and prompts.max() < model.config.vocab_size
+    assert tokenizer.decode(prompts[0].tolist()).strip().startswith("The grass is green.")
+
+
+def test_icl_vectors(checkpoint):
+    result = icl_bench.vectors_main(
+        ["--checkpoint", checkpoint, "--tasks", "1", "--classes", "2", "--shots", "1",
+         "--episodes", "2", "--val-episodes", "2", "--test-episodes", "4", "--ext-shots", "1",
+         "--strengths", "0.1", "--ext-strengths", "0.1"]
+    )  # fmt: skip
+    (row,) = result["rows"]
+    assert [label.split("=")[0] for label in row["labels"]] == ["A", "B"]
+    assert 0 <= row["clean_f1"] <= 1 and 0 <= row["iv_f1"] <= 1
+
+
+def test_emloc(checkpoint):
+    result = emloc_bench.main(["--checkpoint", checkpoint, "--topics", "sports,food",
+                               "--labels", "letters", "--shots", "4", "--episodes", "1",
+                               "--queries", "2", "--chunk-size", "2", "--deltas", "0.05"])  # fmt: skip
+    methods = {row["method"] for row in result["table"]}
+    assert methods == {"full context", "EMLoC", "uniform", "SnapKV-style", "fewer shots"}
+
+
+def test_rapid(checkpoint):
+    results = rapid_bench.main(["--checkpoint", checkpoint, "--context-lengths", "256",
+                                "--samples", "2", "--new-tokens", "4", "--gamma", "2",
+                                "--etas", "0", "--chunk-size", "32", "--min-budget", "64",
+                                "--repeats", "1"])  # fmt: skip
+    methods = [row["method"] for row in results[256]]
+    assert methods == ["target", "rag", "rapid eta=0"]
+
+
+def test_a_missing_checkpoint_is_one_line(tmp_path):
+    for main, extra in ((emloc_bench.main, []), (icl_bench.vectors_main, [])):
+        with pytest.raises(SystemExit, match="--checkpoint: checkpoint '.*missing': no such"):
+            main(["--checkpoint", str(tmp_path / "missing"), *extra])
