@@ -7,6 +7,8 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+# What each notebook's outputs must show.
+EXPECTED = {"quickstart.ipynb": "eval/loss", "real_model.ipynb": "effective length"}
 
 
 @pytest.mark.slow
@@ -15,6 +17,15 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("LHC_QUICKSTART_STEPS", "20")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # real_model.ipynb on a tiny random GGUF (a chat template, a byte-level BPE) instead
+    # of the download.
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "lm"))
+    import _gguf_files
+
+    gguf_path = _gguf_files.write_gguf(tmp_path / "tiny.gguf", "llama",
+                                       _gguf_files.byte_level_vocab(), context=1024)  # fmt: skip
+    monkeypatch.setenv("LHC_NOTEBOOK_CHECKPOINT", str(gguf_path))
+    monkeypatch.setenv("LHC_NOTEBOOK_SMOKE", "1")
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(
         notebook,
@@ -26,4 +37,5 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
     ]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert any("eval/loss" in str(o.get("data", {})) for o in outputs)
+    shown = " ".join(str(o.get("data", {})) + str(o.get("text", "")) for o in outputs)
+    assert EXPECTED[path.name] in shown
