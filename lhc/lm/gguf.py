@@ -86,10 +86,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 from lhc.lm import hf
 from lhc.lm.config import LMConfig
-from lhc.lm.model import param_shardings, stack_layer_params
 from lhc.lm.tokenizers import HFTokenizer
 from lhc.nn.rope import rope_frequencies
-from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES = (
@@ -453,34 +451,11 @@ def load(
     """
     file = _open(path)
     hf_config = _hf_config(file)
-    dtype_name = jnp.dtype(dtype).name
     tensors = _hf_tensors(file, hf_config)
     try:
-        config = hf.config_from_hf(
-            hf_config, **{"dtype": dtype_name, "param_dtype": dtype_name, **overrides}
-        )
-        params = hf.params_from_hf(config, tensors)
+        return hf.from_hf(hf_config, tensors, dtype, mesh=mesh, rules=rules, **overrides)
     except ValueError as error:
         raise ValueError(f"{file.path}: {error}") from error
-    if config.scan_layers:
-        params = stack_layer_params(params, config.num_layers)  # numpy: on the host
-    if mesh is None:
-        return config, _to_devices(params)
-    shardings = param_shardings(config, mesh, LOGICAL_AXIS_RULES if rules is None else rules)
-    return config, _to_devices(params, shardings)
-
-
-def _to_devices(host: dict[str, Any], shardings: Any = None) -> dict[str, Any]:
-    """Each leaf of nested dicts on devices (with its sharding, if given), in place and
-    one transfer at a time, so that each host copy is freed before the next transfer
-    (peak memory: the parameters once, not twice)."""
-    for key in list(host):
-        sharding = None if shardings is None else shardings[key]
-        if isinstance(host[key], dict):
-            _to_devices(host[key], sharding)
-        else:
-            host[key] = jax.block_until_ready(jax.device_put(host[key], sharding))
-    return host
 
 
 # Tokenizer ---------------------------------------------------------------------------

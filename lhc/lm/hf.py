@@ -487,21 +487,48 @@ def load(
         raise FileNotFoundError(f"no config.json in {path}")
     with open(config_path) as f:
         hf_config = json.load(f)
+    tensors = _read_tensors(_checkpoint_files(path))
+    return from_hf(hf_config, tensors, dtype, mesh=mesh, rules=rules, **overrides)
+
+
+def from_hf(
+    hf_config: Mapping[str, Any],
+    tensors: Mapping[str, Any],
+    dtype: Any = jnp.float32,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Any = None,
+    **overrides: Any,
+) -> tuple[LMConfig, dict[str, Any]]:
+    """``(config, params)`` from a ``config.json`` dict and tensors with Hugging Face
+    names (arrays, or objects that become arrays when numpy reads them, as
+    ``lhc.lm.gguf``'s dequantized tensors do), placed on the devices one parameter at a
+    time (sharded over ``mesh`` when given), so that the host holds each only until it
+    is placed. ``load``'s arguments otherwise."""
     dtype_name = jnp.dtype(dtype).name
     config = config_from_hf(
         hf_config, **{"dtype": dtype_name, "param_dtype": dtype_name, **overrides}
     )
-    tensors = _read_tensors(_checkpoint_files(path))
     params = params_from_hf(config, tensors)
-    del tensors
     if config.scan_layers:
         params = stack_layer_params(params, config.num_layers)  # numpy: on the host
-    if mesh is None:
-        return config, jax.tree.map(jnp.asarray, params)
-    if rules is None:
-        rules = LOGICAL_AXIS_RULES
-    shardings = param_shardings(config, mesh, rules)
-    return config, jax.tree.map(jax.device_put, params, shardings)
+    shardings = None
+    if mesh is not None:
+        shardings = param_shardings(config, mesh, LOGICAL_AXIS_RULES if rules is None else rules)
+    return config, _to_devices(params, shardings)
+
+
+def _to_devices(host: dict[str, Any], shardings: Any = None) -> dict[str, Any]:
+    """Each leaf of nested dicts on devices (with its sharding, if given), in place and
+    one transfer at a time, so that each host copy is freed before the next transfer
+    (peak memory: the parameters once, not twice)."""
+    for key in list(host):
+        sharding = None if shardings is None else shardings[key]
+        if isinstance(host[key], dict):
+            _to_devices(host[key], sharding)
+        else:
+            host[key] = jax.block_until_ready(jax.device_put(host[key], sharding))
+    return host
 
 
 def save(
