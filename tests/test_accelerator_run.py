@@ -18,9 +18,17 @@ RUN = REPO / "experiments" / "accelerator" / "run.sh"
 SECTIONS = ("ceilings", "flash", "chunk", "quant", "decode", "quantspec", "tabicl")
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("accelerator")
+@pytest.mark.slow
+def test_the_smoke_run(tmp_path):
+    """One test (the run takes about a minute and a half; under pytest-xdist a module
+    fixture would run it once per worker): every section and row, then each check."""
+    smoke = _smoke(tmp_path)
+    for check in (_every_section_ran_every_row, _kernels_match_their_references,
+                  _decoding_and_quantspec, _tabicl_matches_the_reference):  # fmt: skip
+        check(smoke)
+
+
+def _smoke(out):
     env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu", LHC_WHEELS=str(out / "none"))
     proc = subprocess.run([str(RUN), str(out), "--smoke"], env=env, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
@@ -33,7 +41,7 @@ def _table(rows, name):
     return [row for row in rows if row["table"] == name]
 
 
-def test_every_section_ran_every_row(smoke):
+def _every_section_ran_every_row(smoke):
     out, rows = smoke
     assert {row["section"] for row in rows} == set(SECTIONS)
     broken = [row for row in rows if "error" in row or "skipped" in row]
@@ -46,7 +54,7 @@ def test_every_section_ran_every_row(smoke):
     assert (out / "log.txt").read_text().count("accelerator: section") == len(SECTIONS)
 
 
-def test_kernels_match_their_references(smoke):
+def _kernels_match_their_references(smoke):
     _, rows = smoke
     impls = {
         (row["table"], row.get("impl") or row.get("store")) for row in rows if "rel_err" in row
@@ -66,7 +74,7 @@ def test_kernels_match_their_references(smoke):
     assert {("flash", "fwd+bwd"), ("chunk", "fwd+bwd"), ("flash_blocks", "fwd")} <= directions
 
 
-def test_decoding_and_quantspec(smoke):
+def _decoding_and_quantspec(smoke):
     _, rows = smoke
     decode = _table(rows, "decode")
     assert [row["batch"] for row in decode] == [1, 2]
@@ -82,7 +90,7 @@ def test_decoding_and_quantspec(smoke):
     assert plain["spec_bf16_equal"] is True and plain["spec_int4_equal"] is True
 
 
-def test_tabicl_matches_the_reference(smoke):
+def _tabicl_matches_the_reference(smoke):
     _, rows = smoke
     measured = _table(rows, "tabicl")
     assert {row["impl"] for row in measured} == {"reference", "lhc"}

@@ -63,8 +63,9 @@ def test_icl_vectors(checkpoint):
 
 def test_emloc(checkpoint):
     result = emloc_bench.main(["--checkpoint", checkpoint, "--topics", "sports,food",
-                               "--labels", "letters", "--shots", "4", "--episodes", "1",
-                               "--queries", "2", "--chunk-size", "2", "--deltas", "0.05"])  # fmt: skip
+                               "--labels", "letters", "--shots", "2", "--episodes", "1",
+                               "--queries", "1", "--chunk-size", "2", "--deltas", "0.05",
+                               "--ratios", "0.5"])  # fmt: skip
     methods = {row["method"] for row in result["table"]}
     assert methods == {"full context", "EMLoC", "uniform", "SnapKV-style", "fewer shots"}
 

@@ -150,7 +150,7 @@ def _flash_blocks(s: Section, length: int, shape: tuple, sweep: list):
         return dict(**timing, tflops=per_second(_flash_flops(q, direction != "fwd"), timing, 1e12))
 
     for block_q, block_k in sweep:
-        for direction in ("fwd", "fwd+bwd"):
+        for direction in ("fwd",) if s.smoke else ("fwd", "fwd+bwd"):
             label = dict(length=length, block_q=block_q, block_k=block_k, direction=direction)
             s.run("flash_blocks", label, functools.partial(measure, block_q, block_k, direction))
 
