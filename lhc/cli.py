@@ -11,27 +11,12 @@ lhc bench   NAME [benchmark flags]
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shlex
 import sys
 import tempfile
 
-BENCHMARKS = {
-    "emloc": "lhc.emloc.bench:main",
-    "gca": "lhc.gca.bench:main",
-    "icl-superposition": "lhc.icl.bench:superposition_main",
-    "icl-vectors": "lhc.icl.bench:vectors_main",
-    "lm-decode": "lhc.lm.bench:main",
-    "nolima": "lhc.nolima.bench:main",
-    "pencil": "lhc.pencil.bench:main",
-    "quantspec": "lhc.quantspec.bench:main",
-    "range": "lhc.graphs.bench:main",
-    "rapid": "lhc.rapid.bench:main",
-    "recurrent": "lhc.recurrent.bench:main",
-    "tabicl": "lhc.tabicl.bench:main",
-}
 DEMO_CONFIG = "lm_assoc_recall.py:tiny"
 
 
@@ -99,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
 
-    bench = commands.add_parser("bench", help=f"run a benchmark: {', '.join(BENCHMARKS)}")
-    bench.add_argument("name", choices=sorted(BENCHMARKS))
+    bench = commands.add_parser("bench", help="run a benchmark (lhc bench --list)")
+    bench.add_argument("name", nargs="?", help="a package's benchmark, e.g. lm, gca, nolima")
+    bench.add_argument("--list", action="store_true", help="list the benchmarks")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
@@ -118,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     from lhc.train import config as config_lib
 
     if args.command == "bench":
-        module_name, function_name = BENCHMARKS[args.name].split(":")
-        getattr(importlib.import_module(module_name), function_name)(args.bench_args)
+        from lhc import bench
+
+        if args.list or args.name is None:
+            print(bench.listing())
+            return 0
+        main_fn, bench_args = bench.resolve(args.name, args.bench_args)
+        main_fn(bench_args)
         return 0
 
     if args.command == "demo":

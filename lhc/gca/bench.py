@@ -33,13 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.bench import best_time
 from lhc.gca.config import GCAConfig
 from lhc.gca.model import GCA, init_params
-from lhc.lm.bench import best_time, random_params
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig
 from lhc.lm.decoding import prefill
-from lhc.lm.model import Transformer
+from lhc.lm.model import Transformer, random_params
 
 DEFAULT_CONTEXTS = (1024, 4096, 16_384, 65_536, 262_144)
 

@@ -23,11 +23,11 @@ import json
 import jax
 import numpy as np
 
+from lhc.bench import best_time
 from lhc.graphs.batch import from_adjacencies
 from lhc.graphs.influence import graph_influence, node_influence
 from lhc.graphs.models import GNN
 from lhc.graphs.synthetic import grid_graph
-from lhc.lm.bench import best_time
 
 
 def _ints(text: str) -> tuple[int, ...]:

@@ -70,6 +70,7 @@ from lhc.lm.model import (
     count_params,
     init_params,
     param_shardings,
+    random_params,
     stack_layer_params,
     unstack_layer_params,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "count_params",
     "init_params",
     "param_shardings",
+    "random_params",
     "stack_layer_params",
     "unstack_layer_params",
     # Caches.

@@ -42,57 +42,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.bench import best_time
 from lhc.lm import gguf, hf
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig, get_preset
+from lhc.lm.costs import decode_bytes_per_token
 from lhc.lm.decoding import generate, prefill
-from lhc.lm.model import Transformer, abstract_params, count_params, init_params
-
-
-def decode_bytes_per_token(
-    config: LMConfig, context_len: int, batch_size: int = 1
-) -> dict[str, float]:
-    """Bytes read from memory per decoded token, and what bounds a decode step.
-
-    One decode step reads every parameter once (shared by the batch) and each sequence's
-    keys and values for all ``context_len`` cached tokens, in every layer.
-
-    Returns:
-        ``weight_bytes``, ``kv_cache_bytes_per_sequence``, ``bytes_per_step`` and
-        ``bytes_per_token`` (``bytes_per_step / batch_size``).
-    """
-    weight_bytes = count_params(config) * jnp.dtype(config.param_dtype).itemsize
-    kv_bytes = (
-        2
-        * config.num_layers
-        * config.num_kv_heads
-        * config.head_dim
-        * context_len
-        * jnp.dtype(config.dtype).itemsize
-    )
-    per_step = weight_bytes + batch_size * kv_bytes
-    return dict(
-        weight_bytes=float(weight_bytes),
-        kv_cache_bytes_per_sequence=float(kv_bytes),
-        bytes_per_step=float(per_step),
-        bytes_per_token=float(per_step / batch_size),
-    )
-
-
-def random_params(config: LMConfig, seed: int = 0) -> Any:
-    """Random normal parameters of ``config`` (scaled by ``embed_dim ** -0.5``), from numpy
-    (fast to make at any size; no initialiser is compiled)."""
-    rng = np.random.default_rng(seed)
-    abstract = nn.meta.unbox(abstract_params(config))
-    scale = config.embed_dim**-0.5
-    return jax.tree.map(
-        lambda x: jnp.asarray(rng.standard_normal(x.shape, np.float32) * scale, x.dtype), abstract
-    )
+from lhc.lm.model import Transformer, count_params, init_params, random_params
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
@@ -134,17 +94,6 @@ def _decode_recompute(model, params, prompt, steps, width):
 
     _, tokens = jax.lax.scan(step, buffer, prompt_len + jnp.arange(steps, dtype=jnp.int32))
     return tokens.T
-
-
-def best_time(fn, repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` (after one warm-up call), seconds."""
-    jax.block_until_ready(fn())  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def measure(

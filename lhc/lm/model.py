@@ -566,6 +566,17 @@ def _init_params_jit(config: LMConfig, rng: jax.Array) -> Any:
     return Transformer(config).init(rng, tokens, tokens)["params"]
 
 
+def random_params(config: LMConfig, seed: int = 0) -> Any:
+    """Random normal parameters of ``config`` (scaled by ``embed_dim ** -0.5``), from numpy
+    (fast to make at any size; no initialiser is compiled)."""
+    rng = np.random.default_rng(seed)
+    abstract = nn.meta.unbox(abstract_params(config))
+    scale = config.embed_dim**-0.5
+    return jax.tree.map(
+        lambda x: jnp.asarray(rng.standard_normal(x.shape, np.float32) * scale, x.dtype), abstract
+    )
+
+
 def param_shardings(config: LMConfig, mesh: jax.sharding.Mesh, rules) -> Any:
     """``NamedSharding`` tree matching the parameters, from their logical axis names."""
     return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_params(config)), mesh, rules)

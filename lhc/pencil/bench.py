@@ -28,9 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from lhc.lm.bench import random_params
 from lhc.lm.config import LMConfig
-from lhc.lm.model import Transformer
+from lhc.lm.model import Transformer, random_params
 from lhc.lm.sampling import SamplingParams
 from lhc.pencil.generation import generate, generate_recompute
 from lhc.pencil.problems import make_problem, tokenizer_for

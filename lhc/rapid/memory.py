@@ -12,8 +12,8 @@ are not counted.
 
 from __future__ import annotations
 
-from lhc.lm.bench import decode_bytes_per_token
 from lhc.lm.config import LMConfig
+from lhc.lm.costs import decode_bytes_per_token
 
 
 def _sizes(config: LMConfig) -> tuple[float, float]:

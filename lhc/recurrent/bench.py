@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.lm.bench import best_time
+from lhc.bench import best_time
 from lhc.recurrent.gla_lm import GLALM, GLAConfig
 from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step

@@ -4,9 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from lhc.lm.bench import random_params
 from lhc.lm.config import LMConfig
-from lhc.lm.model import Transformer
+from lhc.lm.model import Transformer, random_params
 from lhc.recurrent.evaluation import (
     bucket_means,
     effective_remembrance,

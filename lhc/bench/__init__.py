@@ -1,0 +1,301 @@
+"""The shared harness of ``lhc bench``: what every benchmark of every package uses.
+
+A benchmark is a function ``main(argv) -> dict`` in its package's ``bench.py`` (listed
+in ``BENCHMARKS``; ``lhc bench --list``). It builds its command line with ``parser``
+(which adds ``--json PATH``; ``add_model_source`` adds ``--checkpoint`` / ``--workdir``
+/ ``--dtype`` for a language model), parses lists with ``int_list`` / ``float_list`` /
+``str_list``, times with ``best_time`` / ``timed`` / ``interleaved_best``, prints
+``markdown_table``\\s, and ends with ``finish(result, args)``: the ``footer`` line (device,
+JAX, date) and the JSON file.
+
+Timing follows one rule everywhere: a first call (compilation, warm-up) that is not
+timed, then the fastest of ``repeats`` calls, each waited for with
+``jax.block_until_ready``; ``interleaved_best`` runs several implementations in turn in
+every repeat, so that a slow spell of a shared machine hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# name -> "module:function"; one entry per package, sub-benchmarks as the first argument.
+BENCHMARKS = {
+    "dm": "lhc.dm.bench:main",
+    "emloc": "lhc.emloc.bench:main",
+    "gca": "lhc.gca.bench:main",
+    "graphs": "lhc.graphs.bench:main",
+    "icl": "lhc.icl.bench:main",
+    "lm": "lhc.lm.bench:main",
+    "nolima": "lhc.nolima.bench:main",
+    "pencil": "lhc.pencil.bench:main",
+    "quantspec": "lhc.quantspec.bench:main",
+    "rapid": "lhc.rapid.bench:main",
+    "recurrent": "lhc.recurrent.bench:main",
+    "tabicl": "lhc.tabicl.bench:main",
+}
+# Earlier names, still accepted: name -> (benchmark, arguments put in front).
+ALIASES = {
+    "lm-decode": ("lm", ()),
+    "range": ("graphs", ()),
+    "icl-superposition": ("icl", ("superposition",)),
+    "icl-vectors": ("icl", ("vectors",)),
+}
+
+
+# Command lines --------------------------------------------------------------------------
+
+
+def parser(name: str, description: str | None) -> argparse.ArgumentParser:
+    """``lhc bench NAME``'s parser: the description's first paragraph, and ``--json``."""
+    first = (description or "").strip().split("\n\n")[0]
+    result = argparse.ArgumentParser(
+        prog=f"lhc bench {name}", description=first,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    result.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    return result
+
+
+def _list_of(kind: Callable[[str], Any], what: str, positive: bool):
+    def parse(text: str) -> list:
+        try:
+            values = [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}"
+            ) from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one of {what}, got {text!r}")
+        if positive and min(values) <= 0:
+            raise argparse.ArgumentTypeError(f"expected positive {what}, got {text!r}")
+        return values
+
+    parse.__name__ = f"comma-separated {what}"
+    return parse
+
+
+int_list = _list_of(int, "ints", positive=True)
+"""An argparse type: ``"512,2048"`` -> ``[512, 2048]`` (positive ints)."""
+float_list = _list_of(float, "numbers", positive=False)
+"""An argparse type: ``"0,0.5,1"`` -> ``[0.0, 0.5, 1.0]``."""
+str_list = _list_of(str.strip, "names", positive=False)
+"""An argparse type: ``"a,b"`` -> ``["a", "b"]``."""
+
+
+def add_model_source(
+    parser_: argparse.ArgumentParser, *, workdir_help: str = "an lhc training run",
+    required: bool = True,
+) -> None:  # fmt: skip
+    """``--checkpoint`` (a Hugging Face directory, a ``.gguf`` file or a name of
+    ``lhc.lm.pretrained_models.MODELS``), ``--workdir`` and ``--dtype``."""
+    source = parser_.add_mutually_exclusive_group(required=required)
+    source.add_argument(
+        "--checkpoint", default=None,
+        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct",
+    )  # fmt: skip
+    source.add_argument("--workdir", default=None, help=workdir_help)
+    parser_.add_argument(
+        "--dtype", default=None, help="for --checkpoint: float32 on CPU, bfloat16 elsewhere"
+    )
+
+
+def load_model_source(args: argparse.Namespace, **overrides: Any):
+    """The ``lhc.lm.Checkpoint`` of ``args.checkpoint`` or ``args.workdir``
+    (``lhc.train.load_language_model``; ``overrides`` for a checkpoint only), or
+    SystemExit with one line."""
+    from lhc.train import load_language_model
+
+    kwargs = dict(overrides)
+    if args.checkpoint is not None and getattr(args, "dtype", None) is not None:
+        kwargs["dtype"] = args.dtype
+    if args.checkpoint is None:
+        kwargs = {}
+    try:
+        return load_language_model(args.checkpoint, args.workdir, **kwargs)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        flag = "--checkpoint" if args.checkpoint is not None else "--workdir"
+        raise SystemExit(f"{flag}: {error}") from None
+
+
+def restore_run(workdir: str, *, model_type: type | tuple[type, ...] | None = None, what: str = ""):
+    """``(experiment, params, step)`` of the latest checkpoint of an lhc run, or
+    SystemExit with one line: no run there, or its model is not ``model_type`` (``what``
+    names the config that trains one)."""
+    from lhc.train import restore_params
+
+    try:
+        experiment, params, step = restore_params(None, workdir)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"--workdir {workdir!r}: {error}") from None
+    model = experiment.task.model
+    if model_type is not None and not isinstance(model, model_type):
+        raise SystemExit(
+            f"--workdir {workdir!r}: a {type(model).__name__}, not a model of {what or model_type}"
+        )
+    return experiment, params, step
+
+
+# Timing -------------------------------------------------------------------------------
+
+
+def timed(fn: Callable[..., Any], repeats: int, *, prepare: Callable[[], tuple] | None = None):
+    """``(seconds, output)``: the fastest of ``repeats`` calls of ``fn(*prepare())``
+    after a first call that is not timed; ``prepare`` (e.g. a fresh copy of a donated
+    cache) runs before the clock starts."""
+    import jax
+
+    prepare = prepare or (lambda: ())
+    out = jax.block_until_ready(fn(*prepare()))
+    best = float("inf")
+    for _ in range(repeats):
+        args = jax.block_until_ready(prepare())
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` after one untimed call, seconds."""
+    return timed(fn, repeats)[0]
+
+
+def interleaved_best(
+    fns: Mapping[str, Callable[[], Any]], repeats: int, *, between: Callable[[], Any] | None = None
+) -> dict[str, float]:  # fmt: skip
+    """The fastest of ``repeats`` calls of each function, the functions called in turn
+    in every repeat (after one untimed call each), so that a slow spell of a shared
+    machine hits all of them alike; ``between`` runs after each call (e.g. a bandwidth
+    probe)."""
+    import jax
+
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[name] = min(best[name], time.perf_counter() - start)
+            if between is not None:
+                between()
+    return best
+
+
+# Output -------------------------------------------------------------------------------
+
+
+def _cell(value: Any, spec: str) -> str:
+    if value is None:
+        return ""
+    if callable(spec):
+        return spec(value)
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)) and spec:
+        if spec.endswith("x"):
+            return f"{value:{spec[:-1] or '.2f'}}x"
+        if spec == "%":
+            return f"{100 * value:.0f}%"
+        return format(value, spec)
+    return str(value)
+
+
+def markdown_table(columns: Sequence[tuple], rows: Sequence[Mapping[str, Any]]) -> str:
+    """A markdown table. ``columns``: ``(header, key)`` or ``(header, key, format)``;
+    a format is a ``format()`` spec (``".3f"``, ``","``), ``"%"`` (a fraction as a
+    percentage), a spec ending in ``"x"`` (a ratio: ``".2fx"``), or a function of the
+    value. Text columns are left-aligned, numeric ones right-aligned; a missing value
+    is an empty cell."""
+    columns = [(c[0], c[1], c[2] if len(c) > 2 else "") for c in columns]
+    numeric = [
+        any(isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+            for row in rows)
+        for _, key, _ in columns
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(header for header, _, _ in columns) + " |",
+             "|" + "".join("---:|" if n else "---|" for n in numeric)]  # fmt: skip
+    for row in rows:
+        lines.append(
+            "| " + " | ".join(_cell(row.get(key), spec) for _, key, spec in columns) + " |"
+        )
+    return "\n".join(lines)
+
+
+def footer() -> str:
+    """One line: the device, JAX's version and the date (UTC)."""
+    import jax
+
+    device = jax.devices()[0]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"device: {device.device_kind} ({device.platform}, {jax.device_count()} devices, "
+            f"{os.cpu_count()} host CPUs); jax {jax.__version__}; {now}")  # fmt: skip
+
+
+def finish(result: dict, args: argparse.Namespace) -> dict:
+    """Prints the footer, writes ``result`` (with the footer and the command line) to
+    ``args.json`` when given, and returns it."""
+    line = footer()
+    print(f"\n{line}")
+    if getattr(args, "json", None):
+        record = {**result, "footer": line, "argv": sys.argv}
+        with open(args.json, "w") as handle:
+            json.dump(record, handle, indent=1, default=_json_value)
+    return result
+
+
+def _json_value(value):
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+# The registry --------------------------------------------------------------------------
+
+
+def resolve(name: str, argv: Sequence[str]) -> tuple[Callable[[list[str]], Any], list[str]]:
+    """The ``main`` of benchmark ``name`` (or an alias) and its arguments.
+
+    Raises:
+        SystemExit: an unknown name, with the list.
+    """
+    import importlib
+
+    argv = list(argv)
+    if name in ALIASES:
+        name, front = ALIASES[name]
+        argv = [*front, *argv]
+    if name not in BENCHMARKS:
+        known = ", ".join(sorted(BENCHMARKS))
+        raise SystemExit(
+            f"lhc bench: unknown benchmark {name!r}; known: {known} (lhc bench --list)"
+        )
+    module, function = BENCHMARKS[name].split(":")
+    return getattr(importlib.import_module(module), function), argv
+
+
+def listing() -> str:
+    """``lhc bench --list``: each benchmark's first docstring line, and the aliases."""
+    import importlib
+
+    lines = []
+    for name, target in sorted(BENCHMARKS.items()):
+        module = importlib.import_module(target.split(":")[0])
+        summary = (module.__doc__ or "").strip().split("\n")[0]
+        lines.append(f"{name:<10} {summary}")
+    aliases = ", ".join(
+        f"{old} = {new} {' '.join(front)}".rstrip() for old, (new, front) in ALIASES.items()
+    )
+    lines.append(f"\naliases: {aliases}")
+    return "\n".join(lines)
