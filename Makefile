@@ -16,10 +16,11 @@ $(VENV)/.runtime-stamp: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-# Everything the test suite needs: runtime, dev tools, libtpu, the TabICL prior,
-# and the reference packages for parity tests (torch CPU, transformers, tabicl 0.1.4).
+# Everything the test suite needs: runtime, every method's extra, dev tools, libtpu,
+# the TabICL prior, and the reference packages for parity tests (torch CPU,
+# transformers, tabicl 0.1.4).
 $(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev,tpu,prior,parity]"
+	$(BIN)/python -m pip install --quiet -e ".[all,dev,tpu,prior,parity]"
 	touch $@ $(VENV)/.runtime-stamp
 
 demo: $(VENV)/.runtime-stamp

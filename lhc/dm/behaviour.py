@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +50,9 @@ import optax
 from flax import struct
 
 from lhc.dm.data import REF_SCORES, OfflineDataset, normalized_score, save_d4rl
+from lhc.extras import require
+
+gym = require("gymnasium", "dm")
 
 # Bounds of the actor's log standard deviation (the SAC v2 code, rlkit / softlearning).
 LOG_STD_MIN = -20.0

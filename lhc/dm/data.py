@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from lhc.extras import require
+
 # Returns of a random policy (min) and of an expert (max) per environment, from D4RL
 # (``d4rl/infos.py``); every dataset of an environment uses the same pair.
 REF_SCORES: dict[str, tuple[float, float]] = {
@@ -273,13 +275,7 @@ def _dataset_from_arrays(arrays: Mapping[str, np.ndarray], source: str) -> Offli
 
 
 def _import_h5py():
-    try:
-        import h5py
-    except ImportError as error:
-        raise ImportError(
-            "reading or writing D4RL HDF5 files needs h5py: pip install h5py"
-        ) from error
-    return h5py
+    return require("h5py", "dm")  # HDF5 files only: npz needs nothing
 
 
 def save_d4rl(path: str | os.PathLike, dataset: OfflineDataset) -> None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from lhc.extras import require
+
+gym = require("gymnasium", "dm")
 
 
 @dataclasses.dataclass

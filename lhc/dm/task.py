@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +32,10 @@ from lhc.data.iterators import IndexedIterator
 from lhc.dm import rollout as rollout_lib
 from lhc.dm.data import REF_SCORES, SegmentSampler, load_dataset, normalized_score
 from lhc.dm.model import DecisionModel, DMConfig, aux_loss, flops_per_action
+from lhc.extras import require
 from lhc.train.tasks import Task, register_task
+
+gym = require("gymnasium", "dm")
 
 _EVAL_SEED_OFFSET = 7_777_777
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
-from lhc.lm.config import float_dtype_name
+from lhc.nn.config import ModelConfig
 from lhc.train.optim import adamw_cosine
 
 GCA_IMPLS = ("xla", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
-class GCAConfig:
+class GCAConfig(ModelConfig):
     """Shape and numerics of a ``lhc.gca.GCA`` model.
 
     The token stream the layers see is the user's text with a landmark token closing
@@ -80,28 +79,14 @@ class GCAConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
 
+    POSITIVE = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
+                "encoder_layers", "top_k", "window", "max_len")  # fmt: skip
+    NON_NEGATIVE = ("lower_layers",)
+    CHOICES = {"gca_impl": GCA_IMPLS}
+    DTYPES = ("dtype", "param_dtype")
+
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "embed_dim",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "mlp_dim",
-            "encoder_layers",
-            "top_k",
-            "window",
-            "max_len",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GCAConfig.{name} must be a positive int, got {value!r}")
-        if isinstance(self.lower_layers, bool) or not isinstance(self.lower_layers, int):
-            raise ValueError(
-                f"GCAConfig.lower_layers must be an int >= 0, got {self.lower_layers!r}"
-            )
-        if self.lower_layers < 0:
-            raise ValueError(f"GCAConfig.lower_layers must be an int >= 0, got {self.lower_layers}")
+        super().__post_init__()
         upper = tuple(self.upper_layers) if not isinstance(self.upper_layers, int) else None
         if not upper or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in upper):
             raise ValueError(
@@ -138,18 +123,10 @@ class GCAConfig:
             raise ValueError(
                 f"GCAConfig.offload_memory must be a bool, got {self.offload_memory!r}"
             )
-        if self.gca_impl not in GCA_IMPLS:
-            raise ValueError(
-                f"GCAConfig.gca_impl must be one of {GCA_IMPLS}, got {self.gca_impl!r}"
-            )
         if not self.rope_theta > 0:
             raise ValueError(f"GCAConfig.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"GCAConfig.norm_eps must be positive, got {self.norm_eps}")
-        object.__setattr__(self, "dtype", float_dtype_name(self.dtype, "GCAConfig.dtype"))
-        object.__setattr__(
-            self, "param_dtype", float_dtype_name(self.param_dtype, "GCAConfig.param_dtype")
-        )
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
 
@@ -168,31 +145,6 @@ class GCAConfig:
     @property
     def num_groups(self) -> int:
         return len(self.upper_layers)
-
-    # Dict conversion ------------------------------------------------------------------
-
-    def replace(self, **changes: Any) -> GCAConfig:
-        """A copy with ``changes`` applied (validated again)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise ValueError(f"unknown GCAConfig fields {unknown}")
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["upper_layers"] = list(self.upper_layers)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> GCAConfig:
-        """Builds a config from a mapping; unknown keys raise ``ValueError``."""
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown GCAConfig keys {unknown}")
-        values = dict(values)
-        if "upper_layers" in values and not isinstance(values["upper_layers"], int):
-            values["upper_layers"] = tuple(values["upper_layers"])
-        return cls(**values)
 
     # Presets ------------------------------------------------------------------------
 

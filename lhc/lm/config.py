@@ -6,31 +6,19 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jax.numpy as jnp
 from flax.core import FrozenDict
 
+from lhc.nn.config import ModelConfig
 from lhc.nn.linear import KERNEL_LAYOUTS
 from lhc.nn.remat import REMAT_POLICIES
 from lhc.nn.rope import validate_rope_scaling
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 NORM_TYPES = ("rmsnorm", "layernorm")
 MLP_TYPES = ("swiglu", "gelu")
 
 
-def float_dtype_name(value: Any, field: str) -> str:
-    """The canonical name of a float dtype, or a ValueError naming ``field``."""
-    try:
-        name = jnp.dtype(value).name
-    except TypeError as error:
-        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}") from error
-    if name not in _FLOAT_DTYPES:
-        raise ValueError(f"{field} must be one of {_FLOAT_DTYPES}, got {value!r}")
-    return name
-
-
 @dataclasses.dataclass(frozen=True)
-class LMConfig:
+class LMConfig(ModelConfig):
     """Shape and numerics of a ``Transformer``.
 
     Attributes:
@@ -98,20 +86,15 @@ class LMConfig:
     mlp_type: str = "swiglu"
     dropout_rate: float = 0.0
 
+    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads",
+                "head_dim", "mlp_dim", "max_len")  # fmt: skip
+    CHOICES = {"remat_policy": REMAT_POLICIES, "kernel_layout": KERNEL_LAYOUTS,
+               "norm_type": NORM_TYPES, "mlp_type": MLP_TYPES}  # fmt: skip
+    DTYPES = ("dtype", "param_dtype")
+    TUPLES = ("full_attention_layers",)
+
     def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "num_layers",
-            "embed_dim",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "mlp_dim",
-            "max_len",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LMConfig.{name} must be a positive int, got {value!r}")
+        super().__post_init__()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"LMConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
@@ -123,22 +106,8 @@ class LMConfig:
             raise ValueError(f"LMConfig.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"LMConfig.norm_eps must be positive, got {self.norm_eps}")
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"LMConfig.remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}"
-            )
         if not isinstance(self.attention_impl, str):
             raise ValueError(f"LMConfig.attention_impl must be a str, got {self.attention_impl!r}")
-        if self.kernel_layout not in KERNEL_LAYOUTS:
-            raise ValueError(
-                f"LMConfig.kernel_layout must be one of {KERNEL_LAYOUTS}, got {self.kernel_layout!r}"
-            )
-        if self.norm_type not in NORM_TYPES:
-            raise ValueError(
-                f"LMConfig.norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}"
-            )
-        if self.mlp_type not in MLP_TYPES:
-            raise ValueError(f"LMConfig.mlp_type must be one of {MLP_TYPES}, got {self.mlp_type!r}")
         if isinstance(self.dropout_rate, bool) or not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"LMConfig.dropout_rate must lie in [0, 1), got {self.dropout_rate!r}")
         window = self.sliding_window
@@ -165,35 +134,9 @@ class LMConfig:
         object.__setattr__(self, "full_attention_layers", full_layers)
         scaling = validate_rope_scaling(self.rope_scaling)
         object.__setattr__(self, "rope_scaling", None if scaling is None else FrozenDict(scaling))
-        object.__setattr__(self, "dtype", float_dtype_name(self.dtype, "LMConfig.dtype"))
-        object.__setattr__(
-            self, "param_dtype", float_dtype_name(self.param_dtype, "LMConfig.param_dtype")
-        )
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
         object.__setattr__(self, "dropout_rate", float(self.dropout_rate))
-
-    def replace(self, **changes: Any) -> LMConfig:
-        """A copy with ``changes`` applied (validated again)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise ValueError(f"unknown LMConfig fields {unknown}")
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict that ``from_dict`` turns back into this config."""
-        out = dataclasses.asdict(self)
-        out["rope_scaling"] = None if self.rope_scaling is None else dict(self.rope_scaling)
-        out["full_attention_layers"] = list(self.full_attention_layers)
-        return out
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> LMConfig:
-        """Builds a config from a mapping; unknown keys raise ``ValueError``."""
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown LMConfig keys {unknown}")
-        return cls(**dict(values))
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of ``layer`` (``None``: full causal attention)."""

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.extras import require
+
 Tokens = Sequence[int] | np.ndarray
 
 
@@ -135,7 +137,7 @@ def token_terms(tokens: Tokens) -> list[str]:
 def word_terms(decode: Callable[[list[int]], str]) -> Callable[[Tokens], list[str]]:
     """Terms as English words: ``decode`` the tokens to text, then lower-cased words of two
     or more characters without English stop words (``bm25s.tokenize``)."""
-    import bm25s
+    bm25s = require("bm25s", "rapid")
 
     def terms(tokens: Tokens) -> list[str]:
         text = decode([int(t) for t in np.asarray(tokens).reshape(-1)])
@@ -152,7 +154,7 @@ def bm25_scores(
     b: float = 0.75,
 ) -> np.ndarray:
     """BM25 (Lucene's variant, ``bm25s``) score of every chunk for the query, ``[n]``."""
-    import bm25s
+    bm25s = require("bm25s", "rapid")
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index it builds
     index = bm25s.BM25(k1=k1, b=b, method="lucene")

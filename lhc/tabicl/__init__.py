@@ -6,6 +6,7 @@ classifier (``TabICLClassifier``), and the synthetic prior (``PriorConfig``,
 ``sample_batch``, the curriculum) that the ``tabicl_pretrain`` task trains on.
 """
 
+from lhc.tabicl import _extra  # noqa: F401  (scikit-learn, or an error naming the extra)
 from lhc.tabicl.checkpoint import (
     convert_to_orbax,
     load_checkpoint,

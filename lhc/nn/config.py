@@ -1,0 +1,119 @@
+"""What every model config of lhc shares: a frozen dataclass validated on construction,
+``replace``, ``to_dict`` and ``from_dict`` with a did-you-mean for unknown keys.
+
+A config subclasses ``ModelConfig`` (as a frozen dataclass) and names its checks::
+
+    @dataclasses.dataclass(frozen=True)
+    class MyConfig(ModelConfig):
+        POSITIVE = ("vocab_size", "num_layers")        # ints >= 1
+        NON_NEGATIVE = ("rollback",)                    # ints >= 0
+        CHOICES = {"norm_type": ("rmsnorm", "layernorm")}
+        DTYPES = ("dtype", "param_dtype")               # stored as names: "bfloat16"
+        TUPLES = ("upper_layers",)                      # lists become tuples
+
+        vocab_size: int
+        ...
+
+        def __post_init__(self):
+            super().__post_init__()   # the checks above, naming MyConfig.<field>
+            ...                       # what only this model needs
+
+Errors are ``ValueError``\\s that name ``Class.field``, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def float_dtype_name(value: Any, field: str) -> str:
+    """The canonical name of a float dtype (a name or a dtype object), or a ValueError
+    naming ``field``."""
+    try:
+        name = jnp.dtype(value).name
+    except TypeError as error:
+        raise ValueError(f"{field} must be one of {FLOAT_DTYPES}, got {value!r}") from error
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"{field} must be one of {FLOAT_DTYPES}, got {value!r}")
+    return name
+
+
+def unknown_keys_error(owner: str, unknown: list[str], known: list[str]) -> ValueError:
+    """``ValueError`` for unknown keys, each with its closest known key when there is one."""
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1)
+        hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ValueError(f"unknown {owner} keys: {', '.join(hints)}; known: {', '.join(sorted(known))}")
+
+
+class ModelConfig:
+    """The shared behaviour of lhc's model configs (see the module docstring)."""
+
+    POSITIVE: ClassVar[tuple[str, ...]] = ()
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    CHOICES: ClassVar[Mapping[str, tuple]] = {}
+    DTYPES: ClassVar[tuple[str, ...]] = ()
+    TUPLES: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in self.POSITIVE:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}.{field} must be a positive int, got {value!r}")
+        for field in self.NON_NEGATIVE:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}.{field} must be an int >= 0, got {value!r}")
+        for field, options in self.CHOICES.items():
+            if getattr(self, field) not in options:
+                raise ValueError(
+                    f"{name}.{field} must be one of {options}, got {getattr(self, field)!r}"
+                )
+        for field in self.DTYPES:
+            object.__setattr__(self, field, float_dtype_name(getattr(self, field), f"{name}.{field}"))
+        for field in self.TUPLES:
+            value = getattr(self, field)
+            if isinstance(value, list):
+                object.__setattr__(self, field, tuple(value))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, **changes: Any):
+        """A copy with ``changes`` applied (validated again)."""
+        unknown = sorted(set(changes) - set(self.field_names()))
+        if unknown:
+            raise unknown_keys_error(type(self).__name__, unknown, self.field_names())
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (tuples as lists, mappings as dicts) that ``from_dict``
+        turns back into this config."""
+
+        def plain(value):
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            if isinstance(value, Mapping):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        """The config of a mapping (``to_dict``'s, a ``config.json``'s model section);
+        unknown keys raise ``ValueError`` naming the closest known ones."""
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise unknown_keys_error(cls.__name__, unknown, cls.field_names())
+        return cls(**dict(values))
