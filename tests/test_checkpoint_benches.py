@@ -51,10 +51,10 @@ def test_quantspec(checkpoint):
 
 
 def test_icl_vectors(checkpoint):
-    result = icl_bench.vectors_main(
-        ["--checkpoint", checkpoint, "--tasks", "1", "--classes", "2", "--shots", "1",
-         "--episodes", "2", "--val-episodes", "2", "--test-episodes", "4", "--ext-shots", "1",
-         "--strengths", "0.1", "--ext-strengths", "0.1"]
+    result = icl_bench.main(
+        ["vectors", "--checkpoint", checkpoint, "--tasks", "1", "--classes", "2",
+         "--shots", "1", "--episodes", "2", "--val-episodes", "2", "--test-episodes", "4",
+         "--ext-shots", "1", "--strengths", "0.1", "--ext-strengths", "0.1"]
     )  # fmt: skip
     (row,) = result["rows"]
     assert [label.split("=")[0] for label in row["labels"]] == ["A", "B"]
@@ -80,6 +80,6 @@ def test_rapid(checkpoint):
 
 
 def test_a_missing_checkpoint_is_one_line(tmp_path):
-    for main, extra in ((emloc_bench.main, []), (icl_bench.vectors_main, [])):
+    for main, front in ((emloc_bench.main, []), (icl_bench.main, ["vectors"])):
         with pytest.raises(SystemExit, match="--checkpoint: checkpoint '.*missing': no such"):
-            main(["--checkpoint", str(tmp_path / "missing"), *extra])
+            main([*front, "--checkpoint", str(tmp_path / "missing")])

@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 [ -d "$OUT/model/checkpoints" ] \
   || lhc train --config configs/icl_classification.py --workdir "$OUT/model"
 for noise in 0.1 0.4; do
-  lhc bench icl-vectors --workdir "$OUT/model" --tasks 3 --classes 2 --shots 1 --noise "$noise" \
+  lhc bench icl vectors --workdir "$OUT/model" --tasks 3 --classes 2 --shots 1 --noise "$noise" \
     --ext-shots 1,2 --episodes 200 --val-episodes 200 --test-episodes 1000 \
     --json "$OUT/vectors_noise$noise.json" | tee "$OUT/vectors_noise$noise.txt"
 done

@@ -10,6 +10,6 @@ mkdir -p "$OUT"
 for kind in $KINDS; do
   [ -d "$OUT/$kind/checkpoints" ] \
     || lhc train --config "configs/icl_superposition.py:kind=$kind" --workdir "$OUT/$kind"
-  lhc bench icl-superposition --workdir "$OUT/$kind" --prompts 100 \
+  lhc bench icl superposition --workdir "$OUT/$kind" --prompts 100 \
     --json "$OUT/curve_$kind.json" | tee "$OUT/curve_$kind.txt"
 done

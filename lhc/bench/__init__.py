@@ -4,7 +4,7 @@ A benchmark is a function ``main(argv) -> dict`` in its package's ``bench.py`` (
 in ``BENCHMARKS``; ``lhc bench --list``). It builds its command line with ``parser``
 (which adds ``--json PATH``; ``add_model_source`` adds ``--checkpoint`` / ``--workdir``
 / ``--dtype`` for a language model), parses lists with ``int_list`` / ``float_list`` /
-``str_list``, times with ``best_time`` / ``timed`` / ``interleaved_best``, prints
+``str_list`` (``index_list`` for ints that may be 0 or negative), times with ``best_time`` / ``timed`` / ``interleaved_best``, prints
 ``markdown_table``\\s, and ends with ``finish(result, args)``: the ``footer`` line (device,
 JAX, date) and the JSON file.
 
@@ -83,6 +83,8 @@ def _list_of(kind: Callable[[str], Any], what: str, positive: bool):
 
 int_list = _list_of(int, "ints", positive=True)
 """An argparse type: ``"512,2048"`` -> ``[512, 2048]`` (positive ints)."""
+index_list = _list_of(int, "ints", positive=False)
+"""An argparse type: ``"0,5"`` -> ``[0, 5]`` (any ints: parameters, indices)."""
 float_list = _list_of(float, "numbers", positive=False)
 """An argparse type: ``"0,0.5,1"`` -> ``[0.0, 0.5, 1.0]``."""
 str_list = _list_of(str.strip, "names", positive=False)
@@ -133,7 +135,7 @@ def restore_run(workdir: str, *, model_type: type | tuple[type, ...] | None = No
     try:
         experiment, params, step = restore_params(None, workdir)
     except (FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"--workdir {workdir!r}: {error}") from None
+        raise SystemExit(str(error)) from None  # the message names the workdir
     model = experiment.task.model
     if model_type is not None and not isinstance(model, model_type):
         raise SystemExit(

@@ -16,15 +16,11 @@ episode that is not timed), per method and delta, means over the episodes.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 
-import jax
 import numpy as np
 
-from lhc import lm
+from lhc import bench, lm
 from lhc.data.topics import TopicTask
 from lhc.emloc import baselines
 from lhc.emloc.compress import EMLoCConfig, compress, next_token_logits
@@ -37,12 +33,10 @@ def _accuracy(model, params, memory, queries, answers) -> float:
 
 
 def _load(workdir: str):
-    from lhc.train.trainer import restore_params
-
-    exp, params, step = restore_params(None, workdir)
+    exp, params, step = bench.restore_run(
+        workdir, model_type=PatchLM, what="configs/emloc_manyshot.py"
+    )
     model = exp.task.model
-    if not isinstance(model, PatchLM):
-        raise SystemExit(f"--workdir {workdir!r}: not a model of configs/emloc_manyshot.py")
     fields = dict(exp.config.data)
     shots = int(fields.pop("shots"))
     fields.pop("name", None), fields.pop("min_shots", None)
@@ -83,7 +77,7 @@ def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
     full = baselines.uniform_memory(model, params, demos, 1.0)
     row("full context", None, full, time.perf_counter() - began)
     for delta in args.deltas:
-        config = EMLoCConfig(chunk_size=args.chunk_size, ratios=args.ratios, delta=delta)
+        config = EMLoCConfig(chunk_size=args.chunk_size, ratios=tuple(args.ratios), delta=delta)
         compression = compress(model, params, demos, config)
         row("EMLoC", delta, compression.memory, compression.seconds)
         keep = max(compression.kept_fraction(), 1 / context)
@@ -102,17 +96,11 @@ def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
 
 
 def run(args) -> dict:
-    if bool(args.workdir) == bool(args.checkpoint):
-        raise SystemExit("give exactly one of --workdir and --checkpoint")
     if args.checkpoint:
-        from lhc.train import load_language_model
-
-        try:  # EMLoC's memory keeps different tokens per layer: layers unrolled
-            loaded = load_language_model(args.checkpoint, scan_layers=False)
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise SystemExit(f"--checkpoint: {error}") from None
+        # EMLoC's memory keeps different tokens per layer: layers unrolled.
+        loaded = bench.load_model_source(args, scan_layers=False)
         args.shots = args.shots or 16
-        task = TopicTask(tuple(args.topics.split(",")), args.labels)
+        task = TopicTask(tuple(args.topics), args.labels)
         model, params, step, kind = loaded.model, loaded.params, None, "text (topics)"
         make_episode = _text_episodes(loaded.tokenizer, task, args.shots, args.queries)
     else:
@@ -123,8 +111,7 @@ def run(args) -> dict:
                                            args.queries)  # fmt: skip
         kind = task.modality
     print(f"model: {args.workdir or args.checkpoint} (step {step}), {kind}, {args.shots} shots, "
-          f"{args.episodes} episodes x {args.queries} queries; {jax.devices()[0].device_kind}",
-          flush=True)  # fmt: skip
+          f"{args.episodes} episodes x {args.queries} queries", flush=True)  # fmt: skip
     return dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step,
                 **evaluate(model, params, make_episode, kind, args))  # fmt: skip
 
@@ -145,28 +132,21 @@ def evaluate(model, params, make_episode, kind: str, args) -> dict:
                  **{k: float(np.mean([r[k] for r in group]))
                     for k in ("accuracy", "kept", "memory_kib", "seconds")})
         )  # fmt: skip
-    print("\n| method | delta | accuracy | kept | memory (KiB) | compression (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for t in table:
-        delta = "—" if t["delta"] is None else f"{t['delta']:g}"
-        print(f"| {t['method']} | {delta} | {t['accuracy']:.3f} | {t['kept']:.3f} | "
-              f"{t['memory_kib']:.1f} | {t['seconds']:.2f} |")  # fmt: skip
+    columns = [("method", "method"), ("delta", "delta", "g"), ("accuracy", "accuracy", ".3f"),
+               ("kept", "kept", ".3f"), ("memory (KiB)", "memory_kib", ".1f"),
+               ("compression (s)", "seconds", ".2f")]  # fmt: skip
+    shown = [dict(t, delta="—") if t["delta"] is None else t for t in table]
+    print("\n" + bench.markdown_table(columns, shown))
     return dict(modality=kind, shots=args.shots,
                 episodes=args.episodes, queries=args.queries, chunk_size=args.chunk_size,
                 ratios=list(args.ratios), table=table, rows=rows)  # fmt: skip
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lhc bench emloc", description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", help="a model of configs/emloc_manyshot.py")
-    p.add_argument("--checkpoint",
-                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: "
-                   "English topic classification (lhc.data.topics) instead")  # fmt: skip
-    p.add_argument("--topics", default="sports,food,weather,music", help="with --checkpoint")
+def _parser():
+    p = bench.parser("emloc", __doc__)
+    bench.add_model_source(p, workdir_help="a model of configs/emloc_manyshot.py")
+    p.add_argument("--topics", type=bench.str_list, default="sports,food,weather,music",
+                   help="with --checkpoint: English topic classification (lhc.data.topics)")  # fmt: skip
     p.add_argument("--labels", default="names", choices=("names", "letters"),
                    help="with --checkpoint: the topics' names or letters")  # fmt: skip
     p.add_argument("--shots", type=int, default=0,
@@ -174,21 +154,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--queries", type=int, default=20)
     p.add_argument("--chunk-size", type=int, default=4, help="demonstrations per chunk")
-    p.add_argument("--deltas", type=_floats, default=(0.001, 0.005, 0.05))
-    p.add_argument("--ratios", type=_floats, default=(0.1, 0.2, 0.5))
+    p.add_argument("--deltas", type=bench.float_list, default="0.001,0.005,0.05")
+    p.add_argument("--ratios", type=bench.float_list, default="0.1,0.2,0.5")
     p.add_argument("--window", type=int, default=8, help="SnapKV's observation window")
     p.add_argument("--seed", type=int, default=1000)
-    p.add_argument("--json", default=None, help="write the result here")
     return p
 
 
-def main(argv: list[str] | None = None):
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    result = run(args)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-    return result
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
+    return bench.finish(run(args), args)
 
 
 if __name__ == "__main__":

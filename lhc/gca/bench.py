@@ -23,7 +23,6 @@ reported, as the TPU compiler plans them.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -33,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.bench import best_time
+from lhc import bench
 from lhc.gca.config import GCAConfig
 from lhc.gca.model import GCA, init_params
 from lhc.lm.cache import init_cache
@@ -93,19 +92,6 @@ def _step(model, params, token, cache):
     positions = cache.next_positions()[:, None]
     logits, cache = model.apply({"params": params}, token[:, None], positions, cache)
     return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32), cache
-
-
-def _time_per_token(model, params, token, cache, steps: int, repeats: int) -> tuple[float, Any]:
-    state = {"token": token, "cache": cache}
-
-    def run():
-        state["token"], state["cache"] = _decode(
-            model, params, state["token"], state["cache"], steps
-        )
-        return state["token"]
-
-    seconds = best_time(run, repeats)
-    return seconds / steps, state["cache"]
 
 
 def cache_bytes(cache) -> dict[str, int]:
@@ -201,78 +187,81 @@ def measure(
     gca_config, dense_config = configs
     gca_params = init_params(gca_config, jax.random.key(0))
     dense_params = random_params(dense_config)
+
+    def states(context: int, cache_len: int):
+        """``(name, params, model, token, cache)`` of each model, one at a time."""
+        for name, offload in (("gca", False), ("gca_offload", True)):
+            config = gca_config.replace(offload_memory=offload)
+            yield name, gca_params, *gca_state(config, gca_params, context, cache_len)
+        if context <= dense_max:
+            yield "dense", dense_params, *dense_state(dense_config, context, cache_len)
+
     rows = []
     for context in contexts:
         row: dict[str, Any] = {"context": context}
         cache_len = context + extra  # each cache sized for its context
-        for name, offload in (("gca", False), ("gca_offload", True)):
-            config = gca_config.replace(offload_memory=offload)
-            model, token, cache = gca_state(config, gca_params, context, cache_len)
+        for name, params, model, token, cache in states(context, cache_len):
             row[f"{name}_cache_bytes"] = cache_bytes(cache)
             if topology:
                 row[f"{name}_tpu_step_bytes"] = tpu_step_memory(
-                    model, gca_params, token, cache, topology
+                    model, params, token, cache, topology
                 )
-            row[f"{name}_s_per_token"], _ = _time_per_token(
-                model, gca_params, token, cache, steps, repeats
-            )
-        if context <= dense_max:
-            model, token, cache = dense_state(dense_config, context, cache_len)
-            row["dense_cache_bytes"] = cache_bytes(cache)
-            if topology:
-                row["dense_tpu_step_bytes"] = tpu_step_memory(
-                    model, dense_params, token, cache, topology
+            # Each loop continues from the last one's token and (donated) cache.
+            state = {"token": token, "cache": cache}
+
+            def run(state=state, model=model, params=params):
+                state["token"], state["cache"] = _decode(
+                    model, params, state["token"], state["cache"], steps
                 )
-            row["dense_s_per_token"], _ = _time_per_token(
-                model, dense_params, token, cache, steps, repeats
-            )
+                return state["token"]
+
+            row[f"{name}_s_per_token"] = bench.best_time(run, repeats) / steps
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The results as a markdown table, with the ratios of the goals."""
     base = rows[0]["gca_s_per_token"]
     memory_key = "tpu_step_bytes" if "gca_tpu_step_bytes" in rows[0] else "cache_bytes"
-    lines = [
-        "| context | GCA ms/token | vs first | GCA offload ms/token | dense ms/token | "
-        "dense / GCA | GCA device MiB | GCA offload device / host MiB | dense device MiB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    mib = lambda row, name, kind: row[f"{name}_{memory_key}"][kind] / 2**20
+    shown = []
     for row in rows:
-        gca, off = row["gca_s_per_token"], row["gca_offload_s_per_token"]
-        dense = row.get("dense_s_per_token")
-        dense_mem = row.get(f"dense_{memory_key}")
-        lines.append(
-            f"| {row['context']} | {gca * 1e3:.2f} | {gca / base:.2f}x | {off * 1e3:.2f} | "
-            + (f"{dense * 1e3:.2f} | {dense / gca:.1f}x | " if dense else "- | - | ")
-            + f"{_mib(row[f'gca_{memory_key}']['device'])} | "
-            + f"{_mib(row[f'gca_offload_{memory_key}']['device'])} / "
-            + f"{_mib(row[f'gca_offload_{memory_key}']['host'])} | "
-            + (f"{_mib(dense_mem['device'])} |" if dense_mem else "- |")
-        )
+        gca, dense = row["gca_s_per_token"], row.get("dense_s_per_token")
+        shown.append(dict(
+            context=row["context"], gca_ms=1e3 * gca, vs_first=gca / base,
+            offload_ms=1e3 * row["gca_offload_s_per_token"],
+            dense_ms=None if dense is None else 1e3 * dense,
+            dense_vs_gca=None if dense is None else dense / gca,
+            gca_mib=mib(row, "gca", "device"), offload_mib=mib(row, "gca_offload", "device"),
+            offload_host_mib=mib(row, "gca_offload", "host"),
+            dense_mib=mib(row, "dense", "device") if f"dense_{memory_key}" in row else None,
+        ))  # fmt: skip
+    columns = [
+        ("context", "context"), ("GCA ms/token", "gca_ms", ".2f"),
+        ("vs first", "vs_first", ".2fx"),
+        ("GCA offload ms/token", "offload_ms", ".2f"), ("dense ms/token", "dense_ms", ".2f"),
+        ("dense / GCA", "dense_vs_gca", ".1fx"), ("GCA device MiB", "gca_mib", ".1f"),
+        ("GCA offload device MiB", "offload_mib", ".1f"),
+        ("GCA offload host MiB", "offload_host_mib", ".1f"),
+        ("dense device MiB", "dense_mib", ".1f"),
+    ]  # fmt: skip
     what = (
         "one decode step compiled for the TPU (per chip)"
         if memory_key == "tpu_step_bytes"
         else "the cache's arrays"
     )
-    lines.append(f"\nMemory columns: {what}.")
-    return "\n".join(lines)
+    return f"{bench.markdown_table(columns, shown)}\n\nMemory columns: {what}."
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lhc bench gca", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; prints the rows, the table and the goals; returns ``{"rows": rows}``."""
+    parser = bench.parser("gca", __doc__)
     parser.add_argument(
-        "--contexts",
-        type=lambda s: tuple(int(x) for x in s.split(",") if x),
-        default=DEFAULT_CONTEXTS,
+        "--contexts", type=bench.int_list, default=list(DEFAULT_CONTEXTS),
         help="comma-separated context lengths; the first is the reference of 'vs first'",
-    )
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="decoded tokens per timed loop")
     parser.add_argument("--repeats", type=int, default=3, help="timed loops (the best counts)")
     parser.add_argument(
@@ -281,18 +270,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--topology", default=None, help="also compile each step for this TPU topology"
     )
-    parser.add_argument("--json", default=None, help="write the rows to this file")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Runs the benchmark; prints the rows, the table and the goals, returns the rows."""
-    args = _parser().parse_args(argv)
-    if not args.contexts or any(c < 1 for c in args.contexts):
-        raise ValueError(f"--contexts must be positive ints, got {args.contexts}")
+    args = parser.parse_args(argv)
     for name in ("steps", "repeats"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     start = time.perf_counter()
     rows = measure(args.contexts, args.steps, args.repeats, args.topology, args.dense_max)
     print(table(rows))
@@ -307,8 +288,5 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 f"dense / GCA per token at 65536: "
                 f"{row['dense_s_per_token'] / row['gca_s_per_token']:.1f}x (goal >= 10x)"
             )
-    print(f"device: {jax.devices()[0].device_kind}; {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
-    return rows
+    print(f"{time.perf_counter() - start:.0f} s in all")
+    return bench.finish({"rows": rows}, args)

@@ -1,48 +1,37 @@
-"""``lhc bench icl-superposition`` and ``lhc bench icl-vectors``.
+"""In-context learning: task superposition and Iterative Vectors (``superposition``, ``vectors``).
 
-Task superposition of a model trained from scratch (``configs/icl_superposition.py``):
-each task's answer probability against the proportion d of the first task::
+``lhc bench icl superposition``: task superposition of a model trained from scratch
+(``configs/icl_superposition.py``), each task's answer probability against the
+proportion d of the first task::
 
-    lhc bench icl-superposition --workdir /tmp/sup/bias_add --prompts 50
+    lhc bench icl superposition --workdir /tmp/sup/bias_add --prompts 50
 
 The paper's task families on an imported Hugging Face checkpoint (answer probability of
 every task, "other", KL to the in-context proportions)::
 
-    lhc bench icl-superposition --checkpoint ~/Llama-3.1-8B --family addition,country \
+    lhc bench icl superposition --checkpoint ~/Llama-3.1-8B --family addition,country \
         --demos 60 --prompts 100
 
-Iterative Vectors against the plain prompt and Task Vectors on generated classification
-tasks, with a model of ``configs/icl_classification.py``::
+``lhc bench icl vectors``: Iterative Vectors against the plain prompt and Task Vectors
+on generated classification tasks, with a model of ``configs/icl_classification.py``::
 
-    lhc bench icl-vectors --workdir /tmp/iv/model --tasks 3 --shots 1
+    lhc bench icl vectors --workdir /tmp/iv/model --tasks 3 --shots 1
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
+from lhc import bench, lm
 from lhc.data import topics
 from lhc.icl import classification, iterative, taskvectors
 from lhc.icl.families import get_family, superposition_prompt
 from lhc.icl.scoring import answer_probabilities, kl_to_proportions, with_other
 from lhc.icl.superposition import NEWLINE, SEPARATOR, mixture_prompt, superposition_curve
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x)
-
-
-def _restore(workdir: str):
-    from lhc.train.trainer import restore_params
-
-    exp, params, step = restore_params(None, workdir)
-    return exp, params, step
 
 
 def ascii_plot(xs, series: dict[str, np.ndarray], height: int = 11) -> str:
@@ -61,9 +50,11 @@ def ascii_plot(xs, series: dict[str, np.ndarray], height: int = 11) -> str:
 
 
 def scratch_curve(args) -> dict:
-    exp, params, step = _restore(args.workdir)
+    exp, params, step = bench.restore_run(
+        args.workdir, model_type=lm.Transformer, what="configs/icl_superposition.py"
+    )
     task = exp.task.scratch_task()
-    params_pair = tuple(int(x) for x in args.task_params.split(","))
+    params_pair = tuple(args.task_params)
     proportions = np.round(np.linspace(0, 1, args.points), 3)
     began = time.perf_counter()
     curve = superposition_curve(exp.task.model, params, task, proportions, prompts=args.prompts,
@@ -73,19 +64,22 @@ def scratch_curve(args) -> dict:
     names = [f"{task.kind}({p})" for p in params_pair]
     print(f"model: {args.workdir} (step {step}), {task.kind}, {args.demos or task.demos} "
           f"demonstrations, {args.prompts} prompts per proportion, {seconds:.0f} s")  # fmt: skip
-    print(f"\n| d | realised | P({names[0]}) | P({names[1]}) | other | KL | both >= 0.1 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    rows = []
+    rows, shown = [], []
     for i, d in enumerate(curve["proportion"]):
-        mean = curve["mean"][i]
+        mean, std = curve["mean"][i], curve["std"][i]
         kl = float(kl_to_proportions(mean, [d, 1 - d]))
         rows.append(dict(d=float(d), realised=float(curve["realised"][i]), first=float(mean[0]),
-                         second=float(mean[1]), first_std=float(curve["std"][i][0]),
-                         second_std=float(curve["std"][i][1]), kl=kl,
+                         second=float(mean[1]), first_std=float(std[0]),
+                         second_std=float(std[1]), kl=kl,
                          both=float(curve["both"][i])))  # fmt: skip
-        print(f"| {d:.1f} | {curve['realised'][i]:.2f} | {mean[0]:.3f} ± "
-              f"{curve['std'][i][0]:.3f} | {mean[1]:.3f} ± {curve['std'][i][1]:.3f} | "
-              f"{with_other(mean)[-1]:.3f} | {kl:.3f} | {curve['both'][i]:.2f} |")  # fmt: skip
+        shown.append(dict(rows[-1], first=f"{mean[0]:.3f} ± {std[0]:.3f}",
+                          second=f"{mean[1]:.3f} ± {std[1]:.3f}",
+                          other=float(with_other(mean)[-1])))  # fmt: skip
+    columns = [("d", "d", ".1f"), ("realised", "realised", ".2f"),
+               (f"P({names[0]})", "first"), (f"P({names[1]})", "second"),
+               ("other", "other", ".3f"), ("KL", "kl", ".3f"),
+               ("both >= 0.1", "both", ".2f")]  # fmt: skip
+    print("\n" + bench.markdown_table(columns, shown))
     print("\n" + ascii_plot(curve["proportion"], dict(zip(names, curve["mean"].T))))
     result = dict(workdir=args.workdir, step=step, kind=task.kind, rows=rows)
     if args.task_vectors:
@@ -115,15 +109,15 @@ def scratch_task_vectors(model, params, task, pair, proportions, names, args) ->
     print(f"\ntask vectors: zero-shot answer probability per layer: {names[0]} "
           f"{np.round(layers[0][1], 3).tolist()}, {names[1]} {np.round(layers[1][1], 3).tolist()}; "
           f"composed at layer {layer}")  # fmt: skip
-    print(f"\n| w | P({names[0]}) | P({names[1]}) |")
-    print("|---:|---:|---:|")
     rows = []
     for w in proportions:
         mixed = taskvectors.compose(vectors, [w, 1 - w])
         probs = taskvectors.patched_probabilities(model, params, mixed, layer, queries, answers)
         mean = probs.mean(0)
         rows.append(dict(w=float(w), first=float(mean[0]), second=float(mean[1])))
-        print(f"| {w:.1f} | {mean[0]:.3f} | {mean[1]:.3f} |")
+    columns = [("w", "w", ".1f"), (f"P({names[0]})", "first", ".3f"),
+               (f"P({names[1]})", "second", ".3f")]  # fmt: skip
+    print("\n" + bench.markdown_table(columns, rows))
     return dict(layer=layer, per_layer=[scores.tolist() for _, scores in layers], rows=rows)
 
 
@@ -137,26 +131,20 @@ def _answer_tokens(tokenizer, text: str, answer: str) -> list[int]:
 
 
 def family_table(args) -> dict:
-
-    from lhc import lm
-    from lhc.train import load_language_model
-
-    try:
-        ckpt = load_language_model(args.checkpoint, dtype=args.dtype)
-    except (FileNotFoundError, ValueError, RuntimeError) as error:
-        raise SystemExit(f"--checkpoint: {error}") from None
+    ckpt = bench.load_model_source(args)
     model, params = ckpt.model, ckpt.params
     tokenizer = lm.load_tokenizer(args.tokenizer) if args.tokenizer else ckpt.tokenizer
     bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     rng = np.random.default_rng(args.seed)
+    demos = args.demos or 60
     result = {}
-    print(f"model: {args.checkpoint}; {args.demos} demonstrations, {args.prompts} prompts")
-    for name in args.family.split(","):
+    print(f"model: {args.checkpoint}; {demos} demonstrations, {args.prompts} prompts")
+    for name in args.family:
         family = get_family(name)
         proportions = {t: 1 / len(family.tasks) for t in family.tasks}
         prompts, answers = [], []
         for _ in range(args.prompts):
-            prompt = superposition_prompt(rng, family, proportions, args.demos)
+            prompt = superposition_prompt(rng, family, proportions, demos)
             prompts.append(bos + tokenizer.encode(prompt.text))
             answers.append([_answer_tokens(tokenizer, prompt.text, prompt.answers[t])
                             for t in family.tasks])  # fmt: skip
@@ -171,36 +159,25 @@ def family_table(args) -> dict:
     return result
 
 
-def superposition_main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="lhc bench icl-superposition",
-                                description=__doc__.split("\n")[0])  # fmt: skip
-    p.add_argument("--workdir", help="a model of configs/icl_superposition.py")
-    p.add_argument("--checkpoint",
-                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct (with --family)")  # fmt: skip
+def _superposition_parser():
+    p = bench.parser("icl superposition", "Task superposition: each task's answer probability "
+                     "against the proportion d of the first (--workdir), or the paper's task "
+                     "families on an imported checkpoint (--checkpoint).")  # fmt: skip
+    bench.add_model_source(p, workdir_help="a model of configs/icl_superposition.py")
     p.add_argument("--tokenizer", default=None, help="default: the checkpoint's")
-    p.add_argument("--family", default="addition", help="comma-separated family names")
-    p.add_argument("--dtype", default=None, help="for --checkpoint (float32 on CPU, else bfloat16)")
+    p.add_argument("--family", type=bench.str_list, default="addition",
+                   help="with --checkpoint: comma-separated family names")  # fmt: skip
     p.add_argument("--prompts", type=int, default=50)
-    p.add_argument("--demos", type=int, default=0, help="default: the training prompts'")
+    p.add_argument("--demos", type=int, default=0,
+                   help="default: the training prompts' (60 with --checkpoint)")  # fmt: skip
     p.add_argument("--points", type=int, default=11, help="proportions in [0, 1]")
-    p.add_argument("--task-params", default="2,6", help="the two tasks' hidden parameters")
+    p.add_argument("--task-params", type=bench.index_list, default="2,6",
+                   help="the two tasks' hidden parameters")  # fmt: skip
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--task-vectors", action="store_true",
                    help="from scratch: also compose the two tasks' vectors")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if bool(args.workdir) == bool(args.checkpoint):
-        raise SystemExit("give exactly one of --workdir (from scratch) and --checkpoint")
-    if args.checkpoint:
-        args.demos = args.demos or 60
-        result = family_table(args)
-    else:
-        result = scratch_curve(args)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-    return result
+    return p
 
 
 def _generated_task(classes, keywords, input_length, noise, seed):
@@ -220,41 +197,15 @@ def _topic_task(tokenizer, classes, labels, seed):
     return tuple(shown), classification.text_format(tokenizer, task), split
 
 
-def vectors_main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="lhc bench icl-vectors", description="Iterative Vectors")
-    p.add_argument("--workdir", help="a model of configs/icl_classification.py")
-    p.add_argument("--checkpoint",
-                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: "
-                   "English topic classification (lhc.data.topics) instead")  # fmt: skip
-    p.add_argument("--labels", default="letters", choices=("letters", "names"),
-                   help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names")  # fmt: skip
-    p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
-    p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")
-    p.add_argument("--shots", type=int, default=1, help="demonstrations per class at test")
-    p.add_argument("--episodes", type=int, default=200, help="extraction episodes")
-    p.add_argument("--val-episodes", type=int, default=200)
-    p.add_argument("--test-episodes", type=int, default=1000)
-    p.add_argument("--ext-shots", type=_floats, default=(1, 2, 3, 4))
-    p.add_argument("--strengths", type=_floats, default=(0.1, 0.3, 0.5, 0.7, 0.9))
-    p.add_argument("--ext-strengths", type=_floats, default=(0.1, 0.3, 0.5, 0.7, 0.9))
-    p.add_argument("--negative-shift", type=int, default=1)
-    p.add_argument("--json", default=None)
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if bool(args.workdir) == bool(args.checkpoint):
-        raise SystemExit("give exactly one of --workdir and --checkpoint")
-    source = args.workdir or args.checkpoint
+def vectors_table(args) -> dict:
     if args.checkpoint:
-        from lhc.train import load_language_model
-
-        try:
-            loaded = load_language_model(args.checkpoint)
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise SystemExit(f"--checkpoint: {error}") from None
+        loaded = bench.load_model_source(args)
         model, params, step = loaded.model, loaded.params, None
         make_task = functools.partial(_topic_task, loaded.tokenizer, args.classes, args.labels)
     else:
-        exp, params, step = _restore(args.workdir)
+        exp, params, step = bench.restore_run(
+            args.workdir, model_type=lm.Transformer, what="configs/icl_classification.py"
+        )
         model = exp.task.model
         # The fixed tasks draw inputs as the model's pretraining prompts did.
         data = exp.task.config.data
@@ -262,6 +213,7 @@ def vectors_main(argv: list[str] | None = None) -> dict:
         make_task = functools.partial(
             _generated_task, args.classes, int(data.keywords), int(data.input_length), noise
         )
+    source = args.workdir or args.checkpoint
     print(f"model: {source} (step {step}); {args.tasks} tasks of {args.classes} classes, "
           f"{args.shots}-shot, {args.test_episodes} test episodes")  # fmt: skip
     rows = []
@@ -285,8 +237,8 @@ def vectors_main(argv: list[str] | None = None) -> dict:
         tv_layers = tv.choose_layer(model, params, fmt, val)
         tvs = score(iterative.predict(model, params, fmt, test, patch=tv.patch(model)))
         best, grid = iterative.grid_search(
-            model, params, fmt, train, val, ext_shots=tuple(int(x) for x in args.ext_shots),
-            strengths=args.strengths, ext_strengths=args.ext_strengths,
+            model, params, fmt, train, val, ext_shots=tuple(args.ext_shots),
+            strengths=tuple(args.strengths), ext_strengths=tuple(args.ext_strengths),
             episodes=args.episodes, negative_shift=args.negative_shift, seed=seed,
         )  # fmt: skip
         ivs = score(iterative.predict(model, params, fmt, test, best["vectors"], best["strength"]))
@@ -300,21 +252,58 @@ def vectors_main(argv: list[str] | None = None) -> dict:
         print(f"task {seed}: clean {clean[0]:.3f}, TV {tvs[0]:.3f} (layer {tv.layer}), "
               f"IV {ivs[0]:.3f} (ext_shot {best['ext_shot']}, strength {best['strength']}, "
               f"ext_strength {best['ext_strength']}), {row['seconds']:.0f} s", flush=True)  # fmt: skip
-    print(
-        "\n| task | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | "
-        "Iterative Vectors F1 (acc; ext_shot, strength, ext_strength) |"
-    )
-    print("|---:|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['task']} | {' '.join(r['labels'])} | {r['clean_f1']:.3f} "
-              f"({r['clean_acc']:.3f}) | {r['tv_f1']:.3f} ({r['tv_acc']:.3f}, {r['tv_layer']}) "
-              f"| {r['iv_f1']:.3f} ({r['iv_acc']:.3f}; {r['ext_shot']}, {r['strength']}, "
-              f"{r['ext_strength']}) |")  # fmt: skip
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("clean_f1", "tv_f1", "iv_f1")}
-    print(f"| mean | | {mean['clean_f1']:.3f} | {mean['tv_f1']:.3f} | {mean['iv_f1']:.3f} |")
-    result = dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step, rows=rows,
-                  mean=mean, shots=args.shots)  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-    return result
+    # The per-task cells hold several numbers; the mean row's plain numbers right-align them.
+    shown = [dict(task=r["task"], labels=" ".join(r["labels"]),
+                  clean=f"{r['clean_f1']:.3f} ({r['clean_acc']:.3f})",
+                  tv=f"{r['tv_f1']:.3f} ({r['tv_acc']:.3f}, {r['tv_layer']})",
+                  iv=f"{r['iv_f1']:.3f} ({r['iv_acc']:.3f}; {r['ext_shot']}, {r['strength']}, "
+                     f"{r['ext_strength']})")
+             for r in rows]  # fmt: skip
+    shown.append(dict(task="mean", clean=mean["clean_f1"], tv=mean["tv_f1"], iv=mean["iv_f1"]))
+    columns = [
+        ("task", "task"), ("labels", "labels"), ("clean F1 (acc)", "clean", ".3f"),
+        ("Task Vectors F1 (acc, layer)", "tv", ".3f"),
+        ("Iterative Vectors F1 (acc; ext_shot, strength, ext_strength)", "iv", ".3f"),
+    ]  # fmt: skip
+    print("\n" + bench.markdown_table(columns, shown))
+    return dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step, rows=rows,
+                mean=mean, shots=args.shots)  # fmt: skip
+
+
+def _vectors_parser():
+    p = bench.parser("icl vectors", "Iterative Vectors against the plain prompt and Task "
+                     "Vectors on generated (--workdir) or English topic (--checkpoint) "
+                     "classification tasks.")  # fmt: skip
+    bench.add_model_source(p, workdir_help="a model of configs/icl_classification.py")
+    p.add_argument("--labels", default="letters", choices=("letters", "names"),
+                   help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names")  # fmt: skip
+    p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
+    p.add_argument("--classes", type=int, default=4)
+    p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")
+    p.add_argument("--shots", type=int, default=1, help="demonstrations per class at test")
+    p.add_argument("--episodes", type=int, default=200, help="extraction episodes")
+    p.add_argument("--val-episodes", type=int, default=200)
+    p.add_argument("--test-episodes", type=int, default=1000)
+    p.add_argument("--ext-shots", type=bench.int_list, default="1,2,3,4")
+    p.add_argument("--strengths", type=bench.float_list, default="0.1,0.3,0.5,0.7,0.9")
+    p.add_argument("--ext-strengths", type=bench.float_list, default="0.1,0.3,0.5,0.7,0.9")
+    p.add_argument("--negative-shift", type=int, default=1)
+    return p
+
+
+def main(argv: Sequence[str]) -> dict:
+    """``lhc bench icl superposition ...`` or ``lhc bench icl vectors ...``."""
+    which = argv[0] if argv else None
+    if which == "superposition":
+        args = _superposition_parser().parse_args(argv[1:])
+        result = family_table(args) if args.checkpoint else scratch_curve(args)
+    elif which == "vectors":
+        args = _vectors_parser().parse_args(argv[1:])
+        result = vectors_table(args)
+    else:
+        got = "nothing" if which is None else repr(which)
+        raise SystemExit(
+            f"lhc bench icl: the first argument is superposition or vectors, got {got}"
+        )
+    return bench.finish(result, args)

@@ -7,7 +7,7 @@ real config at a long context (Llama-3.1-8B at 32K by default), decoding one tok
 read every weight once per step and the whole KV cache of each sequence; the bytes moved
 per decoded token and the resulting time floor at a given HBM bandwidth are reported.
 
-    lhc bench lm-decode --configs tiny,lm_100m --hbm-gbps 819 --json out.json
+    lhc bench lm --configs tiny,lm_100m --hbm-gbps 819 --json out.json
 
 ``--against transformers`` compares lhc's greedy decoding with ``transformers``'
 ``generate`` on the same random checkpoint (``lm_100m`` by default, written once as
@@ -17,21 +17,21 @@ bandwidth that lhc's decode steps reach (the bandwidth measured in the same run 
 streaming read of a 1 GiB array). ``--prefill-len N`` measures, in a fresh process, the
 peak memory of prefilling one N-token prompt with the chunked attention.
 
-    lhc bench lm-decode --against transformers --batch-sizes 1,8 --prefill-len 32768
+    lhc bench lm --against transformers --batch-sizes 1,8 --prefill-len 32768
 
 ``--checkpoint`` (a Hugging Face directory, a GGUF file or ``smollm2-135m-instruct``)
 measures a real model instead of ``--configs``, and compares it with transformers
-(which reads the same file) instead of ``--against-config``; ``--scan-layers 1,0``
+(which reads the same file) instead of ``--against-config``; ``--workdir`` measures the
+``lhc.lm.Transformer`` of an lhc run instead of ``--configs``; ``--scan-layers 1,0``
 adds lhc's scanned and unrolled layers to the kernel layouts, and the first call of
 each (lhc compiles there) is reported::
 
-    lhc bench lm-decode --checkpoint smollm2-135m-instruct --configs "" --real-config "" \
+    lhc bench lm --checkpoint smollm2-135m-instruct --configs "" --real-config "" \
         --against transformers --batch-sizes 1,8 --scan-layers 1,0
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.bench import best_time
+from lhc import bench
 from lhc.lm import gguf, hf
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig, get_preset
@@ -118,12 +118,12 @@ def measure(
             f"--prompt-len {prompt_len} + --decode-steps {decode_steps} exceeds {name} max_len "
             f"{config.max_len}"
         )
-    prefill_s = best_time(lambda: _prefill(model, params, prompt, width), repeats)
+    prefill_s = bench.best_time(lambda: _prefill(model, params, prompt, width), repeats)
     first_token, cache = _prefill(model, params, prompt, width)
-    cached_s = best_time(
+    cached_s = bench.best_time(
         lambda: _decode_cached(model, params, first_token, cache, decode_steps), repeats
     )
-    recompute_s = best_time(
+    recompute_s = bench.best_time(
         lambda: _decode_recompute(model, params, prompt, decode_steps, width), repeats
     )
     cached_tokens = _decode_cached(model, params, first_token, cache, decode_steps)
@@ -268,8 +268,7 @@ def compare_with_transformers(
                     eos_token_id=None,
                 )[:, prompt_len:].numpy()  # fmt: skip
 
-        # Every implementation, full length and one token, interleaved so that a slow
-        # spell of a shared machine hits all alike; the best of each is kept.
+        # Every implementation, full length and one token, interleaved; the best of each.
         impls = {"transformers": functools.partial(theirs, layout=None)}
         impls.update({variant: functools.partial(ours, layout=variant) for variant in models})
         tokens, first_call_s = {}, {}
@@ -277,18 +276,14 @@ def compare_with_transformers(
             start = time.perf_counter()
             tokens[impl] = run(new_tokens)
             first_call_s[impl] = time.perf_counter() - start
-        for run in impls.values():
-            run(1)
-        times = {(impl, steps): [] for impl in impls for steps in (new_tokens, 1)}
-        for _ in range(repeats):
-            for (impl, steps), measured in times.items():
-                start = time.perf_counter()
-                impls[impl](steps)
-                measured.append(time.perf_counter() - start)
-                bandwidths.append(read())
+        best = bench.interleaved_best(
+            {(impl, steps): functools.partial(run, steps)
+             for impl, run in impls.items() for steps in (new_tokens, 1)},
+            repeats, between=lambda: bandwidths.append(read()),
+        )  # fmt: skip
         rates = {}
         for impl in impls:
-            total, first = min(times[(impl, new_tokens)]), min(times[(impl, 1)])
+            total, first = best[(impl, new_tokens)], best[(impl, 1)]
             step = (total - first) / (new_tokens - 1)
             rates[impl] = dict(
                 s=total, tokens_per_s=batch_size * new_tokens / total, decode_step_s=step,
@@ -365,7 +360,17 @@ def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: st
 
 
 def _format_comparison(result: dict[str, Any]) -> str:
-    lines = [
+    rows = [{**row, "variant": _variant_name(row["kernel_layout"], row["scan_layers"])}
+            for row in result["rows"]]  # fmt: skip
+    columns = [
+        ("batch", "batch_size"), ("lhc kernels, layers", "variant"),
+        ("lhc", "lhc_tokens_per_s", ".1f"), ("transformers", "transformers_tokens_per_s", ".1f"),
+        ("ratio", "speedup", ".2fx"), ("lhc decode", "lhc_decode_tokens_per_s", ".1f"),
+        ("tr. decode", "transformers_decode_tokens_per_s", ".1f"),
+        ("ratio", "decode_speedup", ".2fx"), ("tokens equal", "tokens_equal", ".3f"),
+        ("bandwidth", "bandwidth_fraction", "%"), ("lhc 1st call s", "lhc_first_call_s", ".1f"),
+    ]  # fmt: skip
+    return "\n".join([
         f"{result['config']} ({result['num_params']:,} params, {result['dtype']}), prompt "
         f"{result['prompt_len']}, {result['new_tokens']} new tokens, greedy; torch "
         f"{result['torch_version']} ({result['torch_threads']} threads), transformers "
@@ -373,22 +378,8 @@ def _format_comparison(result: dict[str, Any]) -> str:
         f"{result['measured_bandwidth_gbps']:.2f} GB/s",
         "tok/s end to end (prefill included) and of the decode steps alone; the first call "
         "(lhc compiles there) timed apart:",
-        f"{'batch':>5} {'lhc kernels, layers':>20} {'lhc':>8} {'transformers':>13} {'ratio':>7} "
-        f"{'lhc decode':>11} {'tr. decode':>11} {'ratio':>7} {'tokens equal':>13} "
-        f"{'bandwidth':>10} {'lhc 1st call s':>15}",
-    ]
-    for row in result["rows"]:
-        fraction = row.get("bandwidth_fraction")
-        lines.append(
-            f"{row['batch_size']:>5} {_variant_name(row['kernel_layout'], row['scan_layers']):>20} "
-            f"{row['lhc_tokens_per_s']:>8.1f} "
-            f"{row['transformers_tokens_per_s']:>13.1f} {row['speedup']:>6.2f}x "
-            f"{row['lhc_decode_tokens_per_s']:>11.1f} {row['transformers_decode_tokens_per_s']:>11.1f} "
-            f"{row['decode_speedup']:>6.2f}x {row['tokens_equal']:>13.3f} "
-            f"{'' if fraction is None else f'{100 * fraction:.0f}%':>10} "
-            f"{row['lhc_first_call_s']:>15.1f}"
-        )
-    return "\n".join(lines)
+        bench.markdown_table(columns, rows),
+    ])  # fmt: skip
 
 
 def _config(name: str) -> LMConfig:
@@ -400,17 +391,14 @@ def _config(name: str) -> LMConfig:
 
 
 def _format_table(result: dict[str, Any]) -> str:
-    lines = [
-        f"device: {result['device']}",
-        f"{'config':<12} {'params':>12} {'prefill tok/s':>14} {'decode tok/s':>13} "
-        f"{'recompute tok/s':>16} {'cache speedup':>14}",
-    ]
-    for row in result["measured"]:
-        lines.append(
-            f"{row['config']:<12} {row['num_params']:>12,} {row['prefill_tokens_per_s']:>14,.0f} "
-            f"{row['decode_tokens_per_s']:>13,.1f} {row['recompute_decode_tokens_per_s']:>16,.1f} "
-            f"{row['decode_speedup_vs_recompute']:>13.2f}x"
-        )
+    columns = [
+        ("config", "config"), ("params", "num_params", ","),
+        ("prefill tok/s", "prefill_tokens_per_s", ",.0f"),
+        ("decode tok/s", "decode_tokens_per_s", ",.1f"),
+        ("recompute tok/s", "recompute_decode_tokens_per_s", ",.1f"),
+        ("cache speedup", "decode_speedup_vs_recompute", ".2fx"),
+    ]  # fmt: skip
+    lines = [bench.markdown_table(columns, result["measured"])]
     a = result["analytic"]
     if a is not None:
         lines += [
@@ -428,13 +416,13 @@ def _format_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Runs the benchmark; prints a table and returns (and optionally writes) the results."""
-    parser = argparse.ArgumentParser(
-        prog="lhc bench lm-decode", description=__doc__.split("\n\n")[0]
-    )
+    """Runs the benchmark; prints the tables and returns (and optionally writes) the results."""
+    parser = bench.parser("lm", __doc__)
     parser.add_argument(
-        "--configs", default="tiny,lm_100m", help="comma-separated configs to measure ('' for none)"
-    )
+        "--configs", type=lambda text: bench.str_list(text) if text else [],
+        default=["tiny", "lm_100m"],
+        help="comma-separated configs to measure ('' for none)",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
@@ -453,17 +441,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="compare greedy decoding with transformers.generate on the same checkpoint",
     )  # fmt: skip
     parser.add_argument("--against-config", default="lm_100m")
-    parser.add_argument("--batch-sizes", default="1,8", help="for --against")
+    parser.add_argument("--batch-sizes", type=bench.int_list, default=[1, 8], help="for --against")
     parser.add_argument(
-        "--kernel-layouts", default="in_out,out_in", help="lhc kernel layouts, for --against"
-    )
+        "--kernel-layouts", type=bench.str_list, default=["in_out", "out_in"],
+        help="lhc kernel layouts, for --against",
+    )  # fmt: skip
     parser.add_argument(
-        "--scan-layers", default="0", help="lhc layers scanned (1) or unrolled (0), for --against"
-    )
-    parser.add_argument(
-        "--checkpoint", default=None,
-        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct: measured instead "
-        "of --configs, and compared with --against instead of --against-config",
+        "--scan-layers", type=bench.str_list, default=["0"],
+        help="lhc layers scanned (1) or unrolled (0), for --against",
+    )  # fmt: skip
+    bench.add_model_source(
+        parser, workdir_help="an lhc run of an lhc.lm.Transformer, measured instead of --configs",
+        required=False,
     )  # fmt: skip
     parser.add_argument(
         "--torch-threads", type=int, default=None,
@@ -479,17 +468,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--prefill-impl", default="chunked")
-    parser.add_argument("--json", default=None, help="write the results to this path")
     args = parser.parse_args(argv)
     for flag in ("batch_size", "prompt_len", "decode_steps", "repeats", "context_len"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not args.hbm_gbps > 0:
         parser.error("--hbm-gbps must be positive")
+    if not set(args.scan_layers) <= {"0", "1"}:
+        parser.error(f"--scan-layers must be 1s and 0s, got {','.join(args.scan_layers)}")
 
     measured = []
-    names = [] if args.checkpoint else [n for n in args.configs.split(",") if n]
-    for name in names:
+    source = args.checkpoint or args.workdir
+    for name in [] if source else args.configs:
         try:
             config = _config(name)
         except ValueError as error:
@@ -497,24 +487,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         measured.append(
             measure(name, config, args.batch_size, args.prompt_len, args.decode_steps, args.repeats)
         )
-    if args.checkpoint:
-        from lhc.lm.checkpoints import load_checkpoint
-
-        try:
-            loaded = load_checkpoint(args.checkpoint, scan_layers=True)
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            parser.error(f"--checkpoint: {error}")
+    if source:
+        loaded = bench.load_model_source(args)
+        if not isinstance(loaded.model, Transformer):
+            parser.error(f"--workdir: a {type(loaded.model).__name__}, not an lhc.lm.Transformer")
         measured.append(
-            measure(
-                args.checkpoint,
-                loaded.config,
-                args.batch_size,
-                args.prompt_len,
-                args.decode_steps,
-                args.repeats,
-                params=loaded.params,
-            )  # fmt: skip
-        )
+            measure(source, loaded.model.config, args.batch_size, args.prompt_len,
+                    args.decode_steps, args.repeats, params=loaded.params)
+        )  # fmt: skip
     analytic = None
     if args.real_config:
         config = _config(args.real_config)
@@ -537,16 +517,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = dict(device=str(jax.devices()[0].device_kind), measured=measured, analytic=analytic)
     print(_format_table(result))
     if args.against == "transformers":
-        batch_sizes = tuple(int(b) for b in args.batch_sizes.split(","))
-        if min(batch_sizes) < 1 or args.new_tokens < 2:
-            parser.error("--batch-sizes must be >= 1 and --new-tokens >= 2")
-        scan_layers = tuple(value == "1" for value in args.scan_layers.split(","))
+        if args.new_tokens < 2:
+            parser.error("--new-tokens must be >= 2")
         comparison = compare_with_transformers(
             args.checkpoint or args.against_config,
-            None if args.checkpoint else _config(args.against_config), batch_sizes,
+            None if args.checkpoint else _config(args.against_config), tuple(args.batch_sizes),
             args.prompt_len, args.new_tokens, args.repeats,
             bandwidth_bytes=args.bandwidth_mib * 2**20,
-            kernel_layouts=tuple(args.kernel_layouts.split(",")), scan_layers=scan_layers,
+            kernel_layouts=tuple(args.kernel_layouts),
+            scan_layers=tuple(value == "1" for value in args.scan_layers),
             checkpoint=args.checkpoint, torch_threads=args.torch_threads,
         )  # fmt: skip
         result["against_transformers"] = comparison
@@ -565,10 +544,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f" GiB, compiled temporaries {memory['compiled_temp_bytes'] / 2**30:.2f} GiB), "
             f"{memory['seconds']:.1f} s"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    return bench.finish(result, args)
 
 
 if __name__ == "__main__":

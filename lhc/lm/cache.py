@@ -232,6 +232,25 @@ def _append_slots(start: jax.Array, num_tokens: int) -> jax.Array:
     return start[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)[None, :]
 
 
+class StoredKeys:
+    """Shape of a cache whose ``keys`` are stacked ``[L, B, K, S, H]`` or a tuple of
+    ``[B, K, S, H]`` per layer."""
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(L, B, K, S, H)``, whichever way the layers are stored."""
+        return _store_shape(self.keys)
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape[0]
+
+    @property
+    def head_shape(self) -> tuple[int, int]:
+        """``(K, H)``: key/value heads and head dim."""
+        return self.shape[2], self.shape[4]
+
+
 class InOrderSlots:
     """For a cache whose slot ``i`` holds a sequence's ``i``-th appended token
     (``positions [B, S]``, ``lengths [B]``, ``capacity`` and ``truncate``): truncation at
@@ -249,7 +268,7 @@ class InOrderSlots:
 
 
 @struct.dataclass
-class KVCache(InOrderSlots):
+class KVCache(InOrderSlots, StoredKeys):
     """Keys and values of every appended token, per layer.
 
     Layout (L layers, B sequences, S slots, K key/value heads, H head dim):
@@ -270,28 +289,13 @@ class KVCache(InOrderSlots):
     lengths: jax.Array
 
     @property
-    def num_layers(self) -> int:
-        return _store_shape(self.keys)[0]
-
-    @property
     def batch_size(self) -> int:
-        return _store_shape(self.keys)[1]
+        return self.shape[1]
 
     @property
     def capacity(self) -> int:
         """S, the number of slots per sequence."""
-        return _store_shape(self.keys)[3]
-
-    @property
-    def head_shape(self) -> tuple[int, int]:
-        """``(K, H)``: key/value heads and head dim."""
-        shape = _store_shape(self.keys)
-        return shape[2], shape[4]
-
-    @property
-    def shape(self) -> tuple[int, int, int, int, int]:
-        """``(L, B, K, S, H)``, whichever way the layers are stored."""
-        return _store_shape(self.keys)
+        return self.shape[3]
 
     def truncate(self, new_lengths: jax.Array | int) -> KVCache:
         """Forgets every slot at or beyond ``new_lengths``.
@@ -404,7 +408,7 @@ class _RingWriter:
 
 
 @struct.dataclass
-class SlidingWindowKVCache:
+class SlidingWindowKVCache(StoredKeys):
     """Keys and values of the last ``slots`` tokens, for layers that attend within a window.
 
     Layout as ``KVCache`` with ``S = slots``; token ``i`` of a sequence (0-based, in
@@ -434,28 +438,14 @@ class SlidingWindowKVCache:
     window: int = struct.field(pytree_node=False)
 
     @property
-    def num_layers(self) -> int:
-        return _store_shape(self.keys)[0]
-
-    @property
     def slots(self) -> int:
         """S, the ring size."""
-        return _store_shape(self.keys)[3]
+        return self.shape[3]
 
     @property
     def capacity(self) -> None:
         """``None``: a ring takes any number of tokens."""
         return None
-
-    @property
-    def head_shape(self) -> tuple[int, int]:
-        shape = _store_shape(self.keys)
-        return shape[2], shape[4]
-
-    @property
-    def shape(self) -> tuple[int, int, int, int, int]:
-        """``(L, B, K, S, H)``."""
-        return _store_shape(self.keys)
 
     def _slot_order(self, lengths: jax.Array) -> jax.Array:
         """int32 ``[B, S]``: the append index of the token in each slot (-1: none yet)."""

@@ -1,5 +1,4 @@
-"""``lhc bench nolima``: a NoLiMa sweep (accuracy, base score, effective length), or the
-harness's throughput (tests/s and peak memory per length).
+"""``lhc bench nolima``: a NoLiMa sweep (accuracy, base score, effective length) or throughput.
 
 Sweep on a model trained on the generated world (``configs/nolima_world.py``)::
 
@@ -12,8 +11,9 @@ Sweep of the official set on an imported checkpoint (a TPU or GPU host)::
         --haystack rand_book_1.txt,rand_book_2.txt --lengths 250,500,1000,2000,4000,8000,16000,32000 \
         --depths 26 --max-new-tokens 192 --results llama8b.jsonl
 
-Throughput (a tiny random decoder unless ``--workdir``; each length in a fresh process
-whose peak resident memory is reported)::
+The harness's throughput: tests/s and peak memory per length (a tiny random decoder
+unless ``--workdir``; each length in a fresh process whose peak resident memory is
+reported)::
 
     lhc bench nolima --throughput --lengths 8192,32768 --tests 8
 
@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lhc import lm
+from lhc import bench, lm
 from lhc.nolima import world as world_lib
 from lhc.nolima.evaluate import PromptFormat, evaluate
 from lhc.nolima.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
@@ -43,33 +43,17 @@ from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases
 from lhc.nolima.scores import plot, summary, table
 
 
-def _numbers(text: str, flag: str, kind=int) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x]
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise SystemExit(f"{flag}: expected at least one number")
-    return values
-
-
 def _depths(text: str) -> list[float]:
     """``--depths``: a count (evenly spaced in [0, 1], as the paper's 26) or a list."""
-    if "," not in text and "." not in text:
+    if text.strip().isdigit():
         return np.linspace(0.0, 1.0, int(text)).round(4).tolist()
-    return _numbers(text, "--depths", float)
+    return bench.float_list(text)
 
 
 def _model(args, max_len: int):
     """``(model, params, tokenizer, format, stop_tokens, world_config)``."""
     if args.checkpoint:
-        from lhc.train import load_language_model
-
-        try:
-            ckpt = load_language_model(args.checkpoint, dtype=args.dtype, max_len=max_len,
-                                       attention_impl=args.attention_impl)  # fmt: skip
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise SystemExit(f"--checkpoint: {error}") from None
+        ckpt = bench.load_model_source(args, max_len=max_len, attention_impl=args.attention_impl)
         tokenizer = lm.load_tokenizer(args.tokenizer) if args.tokenizer else ckpt.tokenizer
         chat = None if args.no_chat else tokenizer.chat_template
         fmt = PromptFormat(chat_template=chat, special_tokens=tokenizer.special_tokens_map)
@@ -77,9 +61,7 @@ def _model(args, max_len: int):
     tokenizer = lm.ByteTokenizer()
     fmt = world_lib.FORMAT
     if args.workdir:
-        from lhc.train import restore_params
-
-        exp, params, _ = restore_params(None, args.workdir)
+        exp, params, _ = bench.restore_run(args.workdir)
         return exp.task.model, params, tokenizer, fmt, (tokenizer.eos_id,), exp.config.get("world")
     config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=max_len)
     params = lm.init_params(config, jax.random.key(args.seed))
@@ -94,7 +76,6 @@ def _world(world_config) -> world_lib.World:
 
 def _setup(args, tokenizer, world_config, longest: int):
     """``(cases, haystacks)`` for the arguments."""
-    types = args.question_types.split(",") if args.question_types else None
     lines_needed = longest // 20 + 200  # generated lines hold about 45 tokens
     if args.world or not (args.needle_set or args.haystack):
         world = _world(world_config)
@@ -113,7 +94,7 @@ def _setup(args, tokenizer, world_config, longest: int):
             raise SystemExit("--needle-set needs --haystack text files")
         keywords = [a for e in experiments for t in e.tests.values() for a in t.input_args]
         haystacks = []
-        for index, path in enumerate(args.haystack.split(",")):
+        for index, path in enumerate(args.haystack):
             if args.shuffle:
                 lines = shuffled_haystack([path], num_lines=args.shuffle, seed=42 + index)
             else:
@@ -123,15 +104,14 @@ def _setup(args, tokenizer, world_config, longest: int):
                 lines, dropped = filter_lines(lines, keywords)
                 print(f"{path}: {dropped} lines naming a keyword dropped")
             haystacks.append(Haystack(lines, tokenizer, os.path.basename(path)))
-    cases = needle_cases(experiments, types)
+    cases = needle_cases(experiments, args.question_types)
     if args.pairs:
         cases = cases[: args.pairs]
     return cases, haystacks
 
 
 def sweep(args) -> dict[str, Any]:
-    lengths = _numbers(args.lengths, "--lengths")
-    depths = _depths(args.depths)
+    lengths, depths = args.lengths, args.depths
     model, params, tokenizer, fmt, stops, world_config = _model(args, max(lengths) + 1024)
     cases, haystacks = _setup(args, tokenizer, world_config, max(lengths))
     print(f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
@@ -152,7 +132,7 @@ def sweep(args) -> dict[str, Any]:
 
 def _one_length(args) -> dict[str, Any]:
     """Tests/s at one length (after one batch that compiles), and this process's peak RSS."""
-    (length,) = _numbers(args.lengths, "--lengths")
+    (length,) = args.lengths
     model, params, tokenizer, fmt, stops, world_config = _model(args, length + 1024)
     cases, haystacks = _setup(args, tokenizer, world_config, length)
     cases = (cases * args.tests)[: args.tests]
@@ -188,7 +168,7 @@ def _without_lengths(argv: list[str]) -> list[str]:
 
 def throughput(args, argv: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for length in _numbers(args.lengths, "--lengths"):
+    for length in args.lengths:
         command = [sys.executable, "-m", "lhc.nolima.bench", *_without_lengths(argv),
                    "--one-length", f"--lengths={length}"]  # fmt: skip
         proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
@@ -203,27 +183,26 @@ def throughput(args, argv: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lhc bench nolima", description=__doc__.split("\n")[0])
-    p.add_argument("--workdir", default=None, help="a model trained in lhc (byte tokens)")
-    p.add_argument("--checkpoint", default=None,
-                   help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct")  # fmt: skip
+def _parser() -> argparse.ArgumentParser:
+    p = bench.parser("nolima", __doc__)
+    bench.add_model_source(p, workdir_help="a model trained in lhc (byte tokens)", required=False)
     p.add_argument("--tokenizer", default=None, help="its tokenizer (default: --checkpoint)")
-    p.add_argument("--dtype", default=None, help="for --checkpoint (float32 on CPU, else bfloat16)")
     p.add_argument("--attention-impl", default="xla", help="for --checkpoint")
     p.add_argument("--no-chat", action="store_true", help="plain prompts despite a chat template")
     p.add_argument("--world", action="store_true", help="the generated world's needles/haystack")
     p.add_argument("--needle-set", default=None, help="a needle-set JSON (default: lhc's)")
-    p.add_argument("--haystack", default=None, help="comma-separated text files")
+    p.add_argument("--haystack", type=bench.str_list, default=None,
+                   help="comma-separated text files")  # fmt: skip
     p.add_argument("--shuffle", type=int, default=0, help="shuffled haystacks of N lines")
     p.add_argument("--filter", action="store_true", help="drop lines naming a keyword")
-    p.add_argument("--question-types", default=None, help="e.g. onehop,twohop (default: all)")
+    p.add_argument("--question-types", type=bench.str_list, default=None,
+                   help="e.g. onehop,twohop (default: all)")  # fmt: skip
     p.add_argument("--variant", default="plain", choices=("plain", "mc", "distractor"))
     p.add_argument("--pairs", type=int, default=0, help="only the first N pairs")
     p.add_argument("--haystacks", type=int, default=1, help="generated haystacks (--world)")
     p.add_argument("--decoy-rate", type=float, default=0.2, help="--world haystacks")
-    p.add_argument("--lengths", default="250,500,1000,2000,4000")
-    p.add_argument("--depths", default="5", help="a count (evenly spaced) or a list")
+    p.add_argument("--lengths", type=bench.int_list, default="250,500,1000,2000,4000")
+    p.add_argument("--depths", type=_depths, default="5", help="a count (evenly spaced) or a list")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=12)
     p.add_argument("--prefill-chunk", type=int, default=512)
@@ -234,24 +213,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tests", type=int, default=8, help="tests per length (--throughput)")
     p.add_argument("--one-length", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the result here")
     return p
 
 
-def main(argv: list[str] | None = None):
+def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(argv)
-    if args.checkpoint and args.workdir:
-        raise SystemExit("give --checkpoint or --workdir, not both")
-    if args.one_length:
+    args = _parser().parse_args(argv)
+    if args.one_length:  # a child of throughput: its row, for the parent to read
         result = _one_length(args)
         print("RESULT " + json.dumps(result), flush=True)
         return result
-    result = throughput(args, argv) if args.throughput else sweep(args)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-    return result
+    result = dict(rows=throughput(args, argv)) if args.throughput else sweep(args)
+    return bench.finish(result, args)
 
 
 if __name__ == "__main__":

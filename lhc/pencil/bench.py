@@ -13,21 +13,21 @@ The model is the paper's SAT model (6 layers, width 384, 10.6M parameters; ``--s
 tiny`` for a small one) with random weights, sampling at temperature 1 over the SAT
 vocabulary, so ``[CALL]``/``[SEP]``/``[RETURN]`` come up and reductions happen along the
 way; both runs draw the same tokens (the table says whether they did). Tokens per
-second count generated tokens, after a warm-up run that compiles every shape.
+second count generated tokens in the fastest of ``--repeats`` runs (default 1), after a
+warm-up run that compiles every shape.
 
     lhc bench pencil --contexts 512,1024,2048 --new-tokens 64
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
+import functools
 from typing import Any
 
 import jax
 import numpy as np
 
+from lhc import bench
 from lhc.lm.config import LMConfig
 from lhc.lm.model import Transformer, random_params
 from lhc.lm.sampling import SamplingParams
@@ -50,9 +50,11 @@ def bench_model(size: str, max_len: int) -> tuple[LMConfig, Any]:
 
 
 def measure(
-    contexts, new_tokens: int, batch_size: int = 1, size: str = "paper", seed: int = 0
-) -> list[dict[str, Any]]:
-    """One row per context: seconds and tokens per second of both ways."""
+    contexts, new_tokens: int, batch_size: int = 1, size: str = "paper", seed: int = 0,
+    repeats: int = 1,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per context: seconds (the fastest of ``repeats`` runs after a warm-up
+    run) and tokens per second of both ways."""
     config, tokenizer = bench_model(size, max(contexts))
     model, params = Transformer(config), random_params(config, seed)
     rng = np.random.default_rng(seed)
@@ -70,10 +72,8 @@ def measure(
         row: dict[str, Any] = {"context": context, "new_tokens": new_tokens, "batch": batch_size}
         outputs = {}
         for name, fn in (("rewind", generate), ("recompute", generate_recompute)):
-            jax.block_until_ready(fn(model, params, prompts, tokenizer, **kwargs))  # warm-up
-            start = time.perf_counter()
-            out = jax.block_until_ready(fn(model, params, prompts, tokenizer, **kwargs))
-            seconds = time.perf_counter() - start
+            run = functools.partial(fn, model, params, prompts, tokenizer, **kwargs)
+            seconds, out = bench.timed(run, repeats)
             outputs[name] = out
             row[f"{name}_s"] = seconds
             row[f"{name}_tokens_per_s"] = float(np.sum(out.lengths)) / seconds
@@ -87,51 +87,33 @@ def measure(
 
 
 def table(rows) -> str:
-    lines = [
-        "| context | new tokens x batch | rewind tok/s | recompute tok/s | speedup | reductions "
-        "| same tokens |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['context']} | {row['new_tokens']} x {row['batch']} "
-            f"| {row['rewind_tokens_per_s']:.1f} | {row['recompute_tokens_per_s']:.2f} "
-            f"| {row['speedup']:.1f}x | {row['reductions']} | {row['same_tokens']} |"
-        )
-    return "\n".join(lines)
+    shown = [{**row, "shape": f"{row['new_tokens']} x {row['batch']}"} for row in rows]
+    return bench.markdown_table(
+        [("context", "context"), ("new tokens x batch", "shape"),
+         ("rewind tok/s", "rewind_tokens_per_s", ".1f"),
+         ("recompute tok/s", "recompute_tokens_per_s", ".2f"), ("speedup", "speedup", ".1fx"),
+         ("reductions", "reductions"), ("same tokens", "same_tokens")],
+        shown,
+    )  # fmt: skip
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lhc bench pencil", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; prints the table and the goal; returns the ``rows``."""
+    parser = bench.parser("pencil", __doc__)
     parser.add_argument(
-        "--contexts",
-        type=lambda s: tuple(int(x) for x in s.split(",") if x),
-        default=(512, 1024, 2048),
-        help="comma-separated context lengths",
+        "--contexts", type=bench.int_list, default=[512, 1024, 2048], help="context lengths"
     )
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run")
     parser.add_argument("--batch", type=int, default=1, help="sequences generated together")
     parser.add_argument("--size", choices=sorted(SIZES), default="paper")
-    parser.add_argument("--json", default=None, help="write the rows to this file")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Runs the benchmark; prints the table and the goal; returns the rows."""
-    args = _parser().parse_args(argv)
-    if not args.contexts or any(c < 2 for c in args.contexts):
-        raise ValueError(f"--contexts must be ints >= 2, got {args.contexts}")
-    for name in ("new_tokens", "batch"):
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs; the fastest counts")
+    args = parser.parse_args(argv)
+    for name in ("new_tokens", "batch", "repeats"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    start = time.perf_counter()
-    rows = measure(args.contexts, args.new_tokens, args.batch, args.size)
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    rows = measure(args.contexts, args.new_tokens, args.batch, args.size, repeats=args.repeats)
     print(table(rows))
     for row in rows:
         if row["context"] == 2048:
             print(f"rewind / recompute at 2048: {row['speedup']:.1f}x (goal >= 10x)")
-    print(f"device: {jax.devices()[0].device_kind}; {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
-    return rows
+    return bench.finish({"rows": rows}, args)

@@ -1,5 +1,4 @@
-"""QuantSpec: the memory-traffic model for named configs, and measured self-speculative
-decoding.
+"""QuantSpec: the predicted memory traffic of named configs, and measured decoding.
 
 First, for each ``--configs`` model at each ``--contexts`` length: the bytes a plain
 decoding step, a draft step (4-bit MLP only, as the official code, or every linear layer)
@@ -7,14 +6,15 @@ and a verification pass read, and the predicted speedup at ``--acceptance`` with
 ``--gamma`` drafts (``lhc.quantspec.traffic``; an upper bound).
 
 Then, with ``--workdir`` (a model trained by ``lhc train``, e.g.
-``configs/quantspec_passkey.py``) or ``--random`` (random weights of that config's shape),
-for each ``--prompt-lengths``: ``--batch`` prompts of generated filler text, greedy
-decoding of ``--new-tokens`` three ways in the same process, each timed after an untimed
-warm-up call of the same shapes, decoding alone (the time for N tokens minus the time for
-one, which holds the prefill): ``lhc.lm.generate`` on a full-precision cache (the
-baseline), ``quantspec.generate`` (the 8-bit target path) and
-``quantspec.speculative_generate``; the acceptance rate, tokens per round, the speedups,
-and whether the speculative tokens equal the 8-bit path's.
+``configs/quantspec_passkey.py``), ``--checkpoint`` or ``--random`` (random weights of
+that config's shape, ``RANDOM_MODEL``), for each ``--prompt-lengths``: ``--batch``
+prompts of generated filler text, greedy decoding of ``--new-tokens`` three ways in the
+same process, each timed after an untimed warm-up call of the same shapes, decoding
+alone (the time for N tokens minus the time for one, which holds the prefill):
+``lhc.lm.generate`` on a full-precision cache (the baseline), ``quantspec.generate``
+(the 8-bit target path) and ``quantspec.speculative_generate``; the acceptance rate,
+tokens per round, the speedups, and whether the speculative tokens equal the 8-bit
+path's.
 
 With ``--kernel-contexts``, the attention over the quantized store (4-bit and 8-bit, one
 decode token and a verification of 7) against bfloat16 attention over the same context,
@@ -28,17 +28,22 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc import lm
+from lhc import bench, lm
 from lhc.quantspec import decoding, traffic
 from lhc.quantspec.weights import quantize_params
+
+# ``--random``: the model of ``configs/quantspec_passkey.py`` (byte tokens; KV groups of
+# 32 channels cover a head).
+RANDOM_MODEL = lm.LMConfig(
+    vocab_size=259, num_layers=4, embed_dim=128, num_heads=4, num_kv_heads=4, head_dim=32,
+    mlp_dim=256, max_len=16_384, tie_embeddings=True,
+)  # fmt: skip
 
 
 def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size: int = 128):
@@ -59,52 +64,27 @@ def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size
 
 
 def traffic_table(rows, gamma, acceptance) -> str:
-    lines = [
-        f"| config | context | AR GB | draft GB (MLP 4-bit / all) | verify GB | predicted "
-        f"speedup, gamma {gamma}, a {acceptance:g} (MLP / all) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {r['context']} | {r['ar_gb']:.1f} | {r['draft_mlp_gb']:.1f} / "
-            f"{r['draft_all_gb']:.1f} | {r['verify_gb']:.1f} | {r['speedup_mlp']:.2f}x / "
-            f"{r['speedup_all']:.2f}x |"
-        )
-    return "\n".join(lines)
+    predicted = f"predicted speedup, gamma {gamma}, a {acceptance:g}"
+    columns = [
+        ("config", "config"), ("context", "context"), ("AR GB", "ar_gb", ".1f"),
+        ("draft GB (MLP 4-bit)", "draft_mlp_gb", ".1f"), ("draft GB (all)", "draft_all_gb", ".1f"),
+        ("verify GB", "verify_gb", ".1f"), (f"{predicted} (MLP)", "speedup_mlp", ".2fx"),
+        (f"{predicted} (all)", "speedup_all", ".2fx"),
+    ]  # fmt: skip
+    return bench.markdown_table(columns, rows)
 
 
-def _timed(fn, repeats: int = 3) -> tuple[float, Any]:
-    """The fastest of ``repeats`` calls after a warm-up call that compiles, and the output."""
-    out = jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - start)
-    return best, out
-
-
-def load_model(workdir: str | None, random_seed: int | None, checkpoint: str | None = None):
-    """``(model, params, tokenizer)``: an imported checkpoint's, a trained run's, or
-    random weights of the quantspec config (byte tokens)."""
+def load_model(workdir: str | None, random_seed: int | None, checkpoint: str | None = None,
+               dtype: str | None = None):  # fmt: skip
+    """``(model, params, tokenizer)``: an imported checkpoint's (in ``dtype``), a trained
+    run's (``lhc.bench.load_model_source``: SystemExit with one line when missing), or
+    random weights of ``RANDOM_MODEL`` (byte tokens)."""
     if checkpoint is not None or workdir is not None:
-        from lhc.train import load_language_model
-
-        loaded = load_language_model(checkpoint, workdir)
+        source = argparse.Namespace(checkpoint=checkpoint, workdir=workdir, dtype=dtype)
+        loaded = bench.load_model_source(source)
         return loaded.model, loaded.params, loaded.tokenizer
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quantspec_passkey.py"
-    spec = importlib.util.spec_from_file_location("quantspec_passkey", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = lm.Transformer(lm.LMConfig(**dict(module.get_config().model)))
-    one = jnp.zeros((1, 1), jnp.int32)
-    params = model.init(jax.random.key(random_seed or 0), one, one)["params"]
-    params = jax.tree.map(lambda x: getattr(x, "value", x), params,
-                          is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
-    return model, params, lm.ByteTokenizer()
+    params = lm.init_params(RANDOM_MODEL, jax.random.key(random_seed or 0))
+    return lm.Transformer(RANDOM_MODEL), params, lm.ByteTokenizer()
 
 
 def filler_prompts(batch: int, length: int, seed: int = 0, tokenizer=None, filler=None):
@@ -136,8 +116,8 @@ def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, bat
         seconds, outs = {}, {}
         for name, run in runs.items():
             # Decoding alone: N new tokens minus 1 (the prefill and the first token).
-            whole, outs[name] = _timed(functools.partial(run, max_new_tokens=new_tokens))
-            first, _ = _timed(functools.partial(run, max_new_tokens=1))
+            whole, outs[name] = bench.timed(functools.partial(run, max_new_tokens=new_tokens), 3)
+            first = bench.best_time(functools.partial(run, max_new_tokens=1), 3)
             seconds[name] = max(whole - first, 1e-9)
         base_s, int8_s, spec_s = seconds["fp"], seconds["int8"], seconds["spec"]
         plain, spec = outs["int8"], outs["spec"]
@@ -158,18 +138,15 @@ def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, bat
 
 
 def measured_table(rows) -> str:
-    lines = [
-        "| prompt | full-precision tok/s | 8-bit tok/s | speculative tok/s | acceptance | "
-        "tokens / round | speedup vs full / vs 8-bit | same tokens as 8-bit |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['prompt']} | {r['fp_tok_s']:.1f} | {r['int8_tok_s']:.1f} | "
-            f"{r['spec_tok_s']:.1f} | {r['acceptance']:.3f} | {r['tokens_per_round']:.2f} | "
-            f"{r['speedup_vs_fp']:.2f}x / {r['speedup_vs_int8']:.2f}x | {r['same_tokens']} |"
-        )
-    return "\n".join(lines)
+    columns = [
+        ("prompt", "prompt"), ("full-precision tok/s", "fp_tok_s", ".1f"),
+        ("8-bit tok/s", "int8_tok_s", ".1f"), ("speculative tok/s", "spec_tok_s", ".1f"),
+        ("acceptance", "acceptance", ".3f"), ("tokens / round", "tokens_per_round", ".2f"),
+        ("speedup vs full", "speedup_vs_fp", ".2fx"),
+        ("speedup vs 8-bit", "speedup_vs_int8", ".2fx"),
+        ("same tokens as 8-bit", "same_tokens"),
+    ]  # fmt: skip
+    return bench.markdown_table(columns, rows)
 
 
 def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
@@ -198,18 +175,15 @@ def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
             query_positions = s + jnp.arange(t, dtype=jnp.int32)[None]
             dense = jax.jit(functools.partial(_dense_attention, scale=h**-0.5))
             row = dict(context=s, queries=t, impl=impl)
-            row["bf16_ms"] = (
-                1e3
-                * _timed(
-                    functools.partial(dense, q, keys, keys, positions, query_positions), repeats
-                )[0]
+            row["bf16_ms"] = 1e3 * bench.best_time(
+                functools.partial(dense, q, keys, keys, positions, query_positions), repeats
             )
             for bits in (4, 8):
                 quant = jax.jit(functools.partial(quant_kv_attention, bits=bits, impl=impl))
                 args = (q, codes, codes, k_scale, k_scale, codes, codes, v_scale, v_scale,
                         positions, cut)  # fmt: skip
-                row[f"int{bits}_ms"] = 1e3 * _timed(lambda quant=quant, args=args: quant(*args),
-                                                    repeats)[0]  # fmt: skip
+                row[f"int{bits}_ms"] = 1e3 * bench.best_time(functools.partial(quant, *args),
+                                                              repeats)  # fmt: skip
             rows.append(row)
     return rows
 
@@ -221,96 +195,73 @@ def _dense_attention(q, keys, values, positions, query_positions, *, scale):
 
 
 def kernel_table(rows) -> str:
-    lines = ["| context | queries | store read by | bf16 ms | 4-bit ms (ratio) | 8-bit ms (ratio) |",
-             "|---:|---:|---|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
-        lines.append(
-            f"| {r['context']} | {r['queries']} | {r['impl']} | {r['bf16_ms']:.3f} | "
-            f"{r['int4_ms']:.3f} ({r['bf16_ms'] / r['int4_ms']:.2f}x) | "
-            f"{r['int8_ms']:.3f} ({r['bf16_ms'] / r['int8_ms']:.2f}x) |"
-        )
-    return "\n".join(lines)
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise SystemExit(f"{flag} must be comma-separated ints, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise SystemExit(f"{flag} must be positive ints, got {text!r}")
-    return values
+    rows = [{**r, **{f"int{bits}_ratio": r["bf16_ms"] / r[f"int{bits}_ms"] for bits in (4, 8)}}
+            for r in rows]  # fmt: skip
+    columns = [
+        ("context", "context"), ("queries", "queries"), ("store read by", "impl"),
+        ("bf16 ms", "bf16_ms", ".3f"), ("4-bit ms", "int4_ms", ".3f"),
+        ("4-bit ratio", "int4_ratio", ".2fx"), ("8-bit ms", "int8_ms", ".3f"),
+        ("8-bit ratio", "int8_ratio", ".2fx"),
+    ]  # fmt: skip
+    return bench.markdown_table(columns, rows)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="lhc bench quantspec", description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default=",".join(traffic.NAMED))
-    parser.add_argument("--contexts", default="4096,32768,131072")
+    parser = bench.parser("quantspec", __doc__)
+    parser.add_argument("--configs", type=bench.str_list, default=list(traffic.NAMED))
+    parser.add_argument("--contexts", type=bench.int_list, default=[4096, 32768, 131072])
     parser.add_argument("--gamma", type=int, default=6, help="drafts per round (model rows)")
     parser.add_argument("--acceptance", type=float, default=0.9, help="for the predictions")
-    parser.add_argument("--workdir", default=None, help="a trained run to measure")
+    bench.add_model_source(parser, workdir_help="a trained run to measure", required=False)
     parser.add_argument(
-        "--checkpoint",
-        default=None,
-        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct",
-    )
-    parser.add_argument(
-        "--filler",
-        default=None,
+        "--filler", type=bench.str_list, default=None,
         help="comma-separated text files for the prompts (default: generated)",
-    )
+    )  # fmt: skip
     parser.add_argument("--random", action="store_true", help="measure random weights")
-    parser.add_argument("--prompt-lengths", default="512,2048")
+    parser.add_argument("--prompt-lengths", type=bench.int_list, default=[512, 2048])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--measure-gamma", type=int, default=4)
     parser.add_argument(
-        "--group-size",
-        type=int,
-        default=None,
+        "--group-size", type=int, default=None,
         help="KV group of the measured model (default: 128 or its head dim)",
-    )
+    )  # fmt: skip
     parser.add_argument("--weights", choices=("mlp", "all"), default="mlp")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--kernel-contexts", default="", help="time the store attention")
-    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--kernel-contexts", type=bench.int_list, default=None, help="time the store attention"
+    )
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.configs.split(",")) - set(traffic.NAMED))
+    unknown = sorted(set(args.configs) - set(traffic.NAMED))
     if unknown:
         raise SystemExit(f"--configs: unknown {unknown}; known: {sorted(traffic.NAMED)}")
+    if args.random and (args.workdir is not None or args.checkpoint is not None):
+        raise SystemExit("give at most one of --workdir, --random and --checkpoint")
     result: dict[str, Any] = {}
-    rows = traffic_rows(args.configs.split(","), _ints(args.contexts, "--contexts"),
-                        gamma=args.gamma, acceptance=args.acceptance)  # fmt: skip
+    rows = traffic_rows(args.configs, args.contexts, gamma=args.gamma, acceptance=args.acceptance)
     print(traffic_table(rows, args.gamma, args.acceptance))
     result["traffic"] = rows
-    sources = [args.workdir is not None, args.random, args.checkpoint is not None]
-    if sum(sources) > 1:
-        raise SystemExit("give at most one of --workdir, --random and --checkpoint")
-    if any(sources):
+    if args.random or args.workdir is not None or args.checkpoint is not None:
         from lhc.data.passkey import Filler
 
+        model, params, tokenizer = load_model(args.workdir, 0 if args.random else None,
+                                              args.checkpoint, args.dtype)  # fmt: skip
         try:
-            model, params, tokenizer = load_model(args.workdir, 0 if args.random else None,
-                                                  args.checkpoint)  # fmt: skip
-            filler = Filler(args.filler.split(",")) if args.filler else None
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise SystemExit(f"lhc bench quantspec: {error}") from None
+            filler = Filler(args.filler) if args.filler else None
+        except ValueError as error:
+            raise SystemExit(f"--filler: {error}") from None
         group = args.group_size or decoding.default_group_size(model.config)
         measured = measure(
-            model, params, _ints(args.prompt_lengths, "--prompt-lengths"),
+            model, params, args.prompt_lengths,
             new_tokens=args.new_tokens, gamma=args.measure_gamma, group_size=group,
             batch=args.batch, weights=args.weights, tokenizer=tokenizer, filler=filler,
         )  # fmt: skip
-        print(f"\ndevice: {jax.devices()[0].platform}; greedy, batch {args.batch}, "
-              f"{args.new_tokens} new tokens, gamma {args.measure_gamma}, G {group}")  # fmt: skip
+        print(f"\ngreedy, batch {args.batch}, {args.new_tokens} new tokens, gamma "
+              f"{args.measure_gamma}, G {group}")  # fmt: skip
         print(measured_table(measured))
         result["measured"] = measured
     if args.kernel_contexts:
-        rows = kernel_rows(_ints(args.kernel_contexts, "--kernel-contexts"))
-        print(f"\ndevice: {jax.devices()[0].platform}; one layer of Llama-2 shape, batch 1; "
-              f"ratio = bf16 time / quantized time")  # fmt: skip
+        rows = kernel_rows(args.kernel_contexts)
+        print("\none layer of Llama-2 shape, batch 1; ratio = bf16 time / quantized time")
         print(kernel_table(rows))
         result["kernel"] = rows
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
-    return result
+    return bench.finish(result, args)

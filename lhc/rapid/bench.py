@@ -1,5 +1,4 @@
-"""``lhc bench rapid``: RAPID against target-only decoding and RAG-only decoding, by
-context length, in one run.
+"""RAPID against target-only and RAG-only decoding, by context length, in one run.
 
 Examples are passkey questions (``lhc.data.passkey``'s needle at evenly spread depths of
 generated filler, the question at the end); the answer sits in one chunk. For each
@@ -10,8 +9,11 @@ then runs greedy decoding of ``--new-tokens`` tokens with:
 * ``rag``: the drafter on the RAG prompt alone;
 * ``rapid eta=E``: RAPID with the drafter (self-speculation when no ``--draft-workdir``)
   for each ``--etas`` value (``eta=0`` is plain speculative decoding with a RAG drafter);
-* with ``--draft-workdir``, ``rag (large)`` and ``rapid (large) eta=E`` for upward
-  speculation with ``--upward-etas``.
+* with ``--draft-workdir`` or ``--draft-checkpoint``, ``rag (large)`` and
+  ``rapid (large) eta=E`` for upward speculation with ``--upward-etas``.
+
+The target is ``--workdir`` (an lhc run) or ``--checkpoint`` (with its tokenizer, chat
+template and stop tokens), else a random tiny decoder of byte tokens.
 
 ``--setup configs/rapid_llama.py:NAME`` prints instead the memory estimate of the
 paper's setup on imported checkpoints, and runs it on a JSONL file when the config names
@@ -29,6 +31,7 @@ its RAG prompt and decodes. Tokens per second are ``B N / t`` with t the fastest
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -38,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc import lm
+from lhc import bench, lm
 from lhc.data.passkey import NEEDLE, QUESTION, Filler
 from lhc.lm.decoding import GREEDY
 from lhc.lm.sampling import SamplingParams
@@ -73,20 +76,6 @@ def passkey_questions(
     return contexts, questions, answers
 
 
-def _timed(fn, cache, repeats: int) -> tuple[float, Any]:
-    """Fastest of ``repeats`` calls ``fn(copy of cache)`` after a compiling call; the copy
-    (``generate`` donates the cache it continues from) is made before the clock starts."""
-    fresh = lambda: None if cache is None else jax.tree.map(jnp.copy, cache)
-    out = jax.block_until_ready(fn(fresh()))
-    best = float("inf")
-    for _ in range(repeats):
-        given = jax.block_until_ready(fresh())
-        start = time.perf_counter()
-        jax.block_until_ready(fn(given))
-        best = min(best, time.perf_counter() - start)
-    return best, out
-
-
 def starts_with_answer(tokens: np.ndarray, answer) -> bool:
     """A passkey answer: the generation begins with the key's tokens."""
     return list(tokens[: len(answer)]) == list(answer)
@@ -101,9 +90,12 @@ def measure_length(
     ``correct(generated tokens, answer) -> bool``."""
     rows = []
     batch = len(answers)
+    # ``generate`` donates the cache it continues from: a copy for each call, made before
+    # the clock starts.
+    fresh = lambda: (jax.tree.map(jnp.copy, cache),)
     for name, run, uses_cache in methods:
-        seconds, out = _timed(lambda c, run=run: run(prompts, new_tokens, c),
-                              cache if uses_cache else None, repeats)  # fmt: skip
+        seconds, out = bench.timed(functools.partial(run, prompts, new_tokens), repeats,
+                                   prepare=fresh if uses_cache else lambda: (None,))  # fmt: skip
         tokens = np.asarray(out.tokens)
         accuracy = float(np.mean([correct(row, a) for row, a in zip(tokens, answers)]))
         row = dict(method=name, accuracy=accuracy,
@@ -155,29 +147,20 @@ def methods_for(
 
 
 def table(results: dict[int, list[dict]]) -> str:
-    lines = ["| context | method | accuracy | tok/s | speedup | acceptance | tokens/round |",
-             "|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for length, rows in results.items():
-        for row in rows:
-            accept = f"{row['acceptance']:.3f}" if "acceptance" in row else "-"
-            per_round = f"{row['tokens_per_round']:.2f}" if "tokens_per_round" in row else "-"
-            lines.append(f"| {length} | {row['method']} | {row['accuracy']:.2f} | "
-                         f"{row['tokens_per_s']:.1f} | {row['speedup']:.2f}x | {accept} | "
-                         f"{per_round} |")  # fmt: skip
-    return "\n".join(lines)
+    columns = [
+        ("context", "context"), ("method", "method"), ("accuracy", "accuracy", ".2f"),
+        ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2fx"),
+        ("acceptance", "acceptance", ".3f"), ("tokens/round", "tokens_per_round", ".2f"),
+    ]  # fmt: skip
+    rows = [{"context": length, **row} for length, rows in results.items() for row in rows]
+    return bench.markdown_table(columns, rows)
 
 
-def _load(workdir: str | None, max_len: int, seed: int, checkpoint: str | None = None):
-    """``lhc.lm.Checkpoint`` of an imported checkpoint or a run; else a random tiny
-    decoder of byte tokens."""
-    if workdir is not None or checkpoint is not None:
-        from lhc.train import load_language_model
-
-        overrides = {} if checkpoint is None else {"max_len": max_len}
-        try:
-            return load_language_model(checkpoint, workdir, **overrides)
-        except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise SystemExit(f"lhc bench rapid: {error}") from None
+def _load(source: argparse.Namespace, max_len: int, seed: int):
+    """``lhc.lm.Checkpoint`` of ``source``'s ``checkpoint`` (its ``max_len`` raised to
+    ``max_len``) or ``workdir``; else a random tiny decoder of byte tokens."""
+    if source.workdir is not None or source.checkpoint is not None:
+        return bench.load_model_source(source, max_len=max_len)
     tokenizer = lm.ByteTokenizer()
     config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=max_len)
     params = lm.init_params(config, jax.random.key(seed))
@@ -199,14 +182,6 @@ def chat_parts(tokenizer) -> tuple[list[int], list[int], list[int]]:
     before, rest = text.split(context)
     between, after = rest.split(question)
     return tokenizer.encode(before), tokenizer.encode(between), tokenizer.encode(after)
-
-
-def _numbers(text: str, flag: str, kind=int) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x]
-    except ValueError:
-        raise SystemExit(f"{flag}: expected comma-separated numbers, got {text!r}") from None
-    return values
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -300,67 +275,63 @@ def run_setup(config, repeats: int) -> dict[str, Any]:
     measured = measure_length(methods, prompts, [e["answers"] for e in examples], cache,
                               new_tokens=decoding.new_tokens, repeats=repeats,
                               correct=contains)  # fmt: skip
-    print(f"\n{len(examples)} examples from {config.data}; device {jax.devices()[0].platform}")
+    print(f"\n{len(examples)} examples from {config.data}")
     print(table({max(len(c) for c in prompts.contexts): measured}))
     result["measured"] = measured
     return result
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides = [a for a in argv if a.startswith("--config.")]
     argv = [a for a in argv if not a.startswith("--config.")]
-    parser = argparse.ArgumentParser(prog="lhc bench rapid", description=__doc__.split("\n")[0])
+    parser = bench.parser("rapid", __doc__)
     parser.add_argument("--setup", default=None, help="configs/rapid_llama.py:NAME")
-    parser.add_argument("--workdir", default=None, help="the trained target (random if absent)")
-    parser.add_argument("--draft-workdir", default=None, help="a larger drafter (upward)")
-    parser.add_argument(
-        "--checkpoint",
-        default=None,
-        help="the target: a Hugging Face directory, a .gguf file or "
-        "smollm2-135m-instruct (its tokenizer, chat template, stop tokens)",
+    bench.add_model_source(
+        parser, workdir_help="the trained target (random if neither)", required=False
     )
-    parser.add_argument("--draft-checkpoint", default=None, help="a larger drafter (upward)")
-    parser.add_argument("--context-lengths", default="2048,8192")
+    draft = parser.add_mutually_exclusive_group()
+    draft.add_argument("--draft-workdir", default=None, help="a larger drafter (upward)")
+    draft.add_argument("--draft-checkpoint", default=None, help="a larger drafter (upward)")
+    parser.add_argument("--context-lengths", type=bench.int_list, default=[2048, 8192])
     parser.add_argument("--samples", type=int, default=4, help="examples per length (a batch)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=10)
-    parser.add_argument("--etas", default="0,10", help="RAPID's eta, self-speculation")
-    parser.add_argument("--upward-etas", default="0,40", help="RAPID's eta, larger drafter")
+    parser.add_argument(
+        "--etas", type=bench.float_list, default=[0.0, 10.0], help="RAPID's eta, self-speculation"
+    )
+    parser.add_argument(
+        "--upward-etas", type=bench.float_list, default=[0.0, 40.0],
+        help="RAPID's eta, larger drafter",
+    )  # fmt: skip
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--min-budget", type=int, default=1024)
     parser.add_argument("--ratio", type=float, default=24.0)
     parser.add_argument("--threshold", type=float, default=None, help="BM25 score floor (0)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.setup is not None:
         from lhc.train.config import load_config
 
-        result = run_setup(load_config(args.setup, overrides), args.repeats)
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump(result, handle, indent=1)
-        return result
+        return bench.finish(run_setup(load_config(args.setup, overrides), args.repeats), args)
     if overrides:
         raise SystemExit(f"{overrides[0]}: --config.KEY=VALUE overrides go with --setup")
-    lengths = _numbers(args.context_lengths, "--context-lengths")
-    etas = _numbers(args.etas, "--etas", float)
-    upward_etas = _numbers(args.upward_etas, "--upward-etas", float)
-    if args.workdir and args.checkpoint or args.draft_workdir and args.draft_checkpoint:
-        raise SystemExit("give a workdir or a checkpoint for each model, not both")
+    lengths = args.context_lengths
     max_len = max(lengths) + 1024
-    loaded = _load(args.workdir, max_len, args.seed, args.checkpoint)
+    loaded = _load(args, max_len, args.seed)
     target, params, tokenizer = loaded.model, loaded.params, loaded.tokenizer
     upward = None
     if args.draft_workdir or args.draft_checkpoint:
-        large = _load(args.draft_workdir, max_len, args.seed, args.draft_checkpoint)
+        draft_source = argparse.Namespace(
+            checkpoint=args.draft_checkpoint, workdir=args.draft_workdir, dtype=args.dtype
+        )
+        large = _load(draft_source, max_len, args.seed)
         upward = (large.model, large.params)
     retrieval = RetrievalConfig(chunk_size=args.chunk_size, min_budget=args.min_budget,
                                 ratio=args.ratio, threshold=args.threshold)  # fmt: skip
-    methods = methods_for(target, params, target, params, etas, upward, upward_etas, args.gamma,
-                          stop_tokens=loaded.stop_tokens)  # fmt: skip
+    methods = methods_for(target, params, target, params, args.etas, upward, args.upward_etas,
+                          args.gamma, stop_tokens=loaded.stop_tokens)  # fmt: skip
     byte_tokens = isinstance(tokenizer, lm.ByteTokenizer)
     prefix, separator, suffix = ([], [], []) if byte_tokens else chat_parts(tokenizer)
 
@@ -387,11 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rag_len = max(len(t) for t in prompts.rag_tokens)
         print(f"context {length}: RAG prompt {rag_len} tokens "
               f"(budget {prompts.rag[0].budget})", flush=True)  # fmt: skip
-    print(f"\ndevice: {jax.devices()[0].platform}; greedy, batch {args.samples}, "
-          f"{args.new_tokens} new tokens, gamma {args.gamma}, chunks of {args.chunk_size}; "
-          f"tok/s from the cached context")  # fmt: skip
+    print(f"\ngreedy, batch {args.samples}, {args.new_tokens} new tokens, gamma {args.gamma}, "
+          f"chunks of {args.chunk_size}; tok/s from the cached context")  # fmt: skip
     print(table(results))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({str(k): v for k, v in results.items()}, handle, indent=1)
-    return results
+    return bench.finish(results, args)

@@ -24,10 +24,7 @@ state was reached, and a real prefill to 1M tokens would take hours on a CPU.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -35,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.bench import best_time
+from lhc import bench
 from lhc.recurrent.gla_lm import GLALM, GLAConfig
 from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
@@ -119,9 +116,8 @@ def measure(
             outputs = {}
             for name, fn in (("chunked", _chunked(kind, chunk_size)), ("scan", _sequential(kind))):
                 step = _training_pass(fn, len(args))
-                _, out = jax.block_until_ready(step(*args))  # compiles
+                seconds, (_, out) = bench.timed(step, repeats, prepare=lambda a=args: a)
                 outputs[name] = np.asarray(out)
-                seconds = best_time(lambda s=step, a=args: jax.block_until_ready(s(*a)), repeats)
                 row[f"{name}_s"] = seconds
                 row[f"{name}_tokens_per_s"] = BATCH * length / seconds
             row["speedup"] = row["chunked_tokens_per_s"] / row["scan_tokens_per_s"]
@@ -156,112 +152,85 @@ def _decode(model, params, token, cache, steps):
 
 
 def measure_decode(positions, steps: int = 32, repeats: int = 3, size: str = "small"):
-    """Decode rows; the positions of a model are timed in turns (``repeats`` rounds over
-    all of them, the fastest of each counts), so a drift of the machine's speed during
-    the run does not fall on one position."""
+    """Decode rows; the positions of a model are timed in turns
+    (``bench.interleaved_best``), so a drift of the machine's speed during the run does
+    not fall on one position."""
     rows = []
     for name, model in decode_models(size).items():
         one = jnp.zeros((1, 1), jnp.int32)
         params = nn.meta.unbox(model.init(jax.random.key(0), one, one)["params"])
-        runs = []
+        caches, runs = {}, {}
         for position in positions:
             cache = model.init_cache(1)
             r = np.random.default_rng(position)
-            cache = cache.replace(
+            caches[position] = cache.replace(
                 states={k: jnp.asarray(r.normal(size=v.shape), v.dtype) for k, v in cache.states.items()},
                 lengths=jnp.full((1,), position, jnp.int32),
                 top=jnp.full((1,), position - 1, jnp.int32),
                 top_before=jnp.full((1,), position - 1, jnp.int32),
             )  # fmt: skip
-            run = functools.partial(_decode, model, params, one, cache, steps)
-            jax.block_until_ready(run())  # compiles
-            runs.append((position, cache, run))
-        best = {position: float("inf") for position in positions}
-        for _ in range(repeats):
-            for position, _, run in runs:
-                start = time.perf_counter()
-                jax.block_until_ready(run())
-                best[position] = min(best[position], time.perf_counter() - start)
-        for position, cache, _ in runs:
-            row = {
+            runs[position] = functools.partial(_decode, model, params, one, caches[position], steps)
+        best = bench.interleaved_best(runs, repeats)
+        for position, cache in caches.items():
+            rows.append({
                 "model": name,
                 "position": position,
                 "ms_per_token": 1e3 * best[position] / steps,
-            }
-            row["cache_bytes"] = sum(x.nbytes for x in jax.tree.leaves(cache))
-            rows.append(row)
+                "cache_bytes": sum(x.nbytes for x in jax.tree.leaves(cache)),
+            })  # fmt: skip
     return rows
 
 
 def decode_table(rows) -> str:
-    lines = ["| model | position | ms / token | cache (KiB) |", "|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['position']} | {r['ms_per_token']:.3f} | {r['cache_bytes'] / 1024:.0f} |"
-        )
-    return "\n".join(lines)
+    return bench.markdown_table(
+        [("model", "model"), ("position", "position"), ("ms / token", "ms_per_token", ".3f"),
+         ("cache (KiB)", "cache_bytes", lambda b: f"{b / 1024:.0f}")],
+        rows,
+    )  # fmt: skip
 
 
 def table(rows) -> str:
-    lines = [
-        "| recurrence | length x batch | chunked tok/s | scan tok/s | speedup | same outputs |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['recurrence']} | {r['length']} x {r['batch']} | {r['chunked_tokens_per_s']:.0f} "
-            f"| {r['scan_tokens_per_s']:.0f} | {r['speedup']:.1f}x | {r['same_outputs']} |"
-        )
-    return "\n".join(lines)
+    shown = [{**r, "shape": f"{r['length']} x {r['batch']}"} for r in rows]
+    return bench.markdown_table(
+        [("recurrence", "recurrence"), ("length x batch", "shape"),
+         ("chunked tok/s", "chunked_tokens_per_s", ".0f"),
+         ("scan tok/s", "scan_tokens_per_s", ".0f"), ("speedup", "speedup", ".1fx"),
+         ("same outputs", "same_outputs")],
+        shown,
+    )  # fmt: skip
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lhc bench recurrent", description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", default="1024,4096", help="comma-separated sequence lengths")
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; prints the tables and the goals; returns ``rows`` (training
+    passes) and ``decode`` (decode steps, with ``--positions``)."""
+    parser = bench.parser("recurrent", __doc__)
+    parser.add_argument(
+        "--lengths", type=bench.int_list, default=[1024, 4096], help="sequence lengths"
+    )
     parser.add_argument("--chunk-size", type=int, default=64, help="tokens per chunk")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls; the fastest counts")
-    parser.add_argument("--positions", default="", help="comma-separated decode positions")
+    parser.add_argument(
+        "--positions",
+        type=bench.int_list,
+        default=[],
+        help="decode positions (default: no decode rows)",
+    )
     parser.add_argument("--steps", type=int, default=32, help="decode steps timed per loop")
     parser.add_argument("--size", choices=("small", "tiny"), default="small", help="decode models")
-    parser.add_argument("--json", default=None, help="write the rows to this file")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Runs the benchmark; prints the table and the goal; returns the rows."""
-    args = _parser().parse_args(argv)
-    try:
-        lengths = [int(v) for v in args.lengths.split(",")]
-    except ValueError:
-        raise SystemExit(f"--lengths must be comma-separated ints, got {args.lengths!r}") from None
-    if min(lengths) < 1:
-        raise SystemExit(f"--lengths must be positive, got {args.lengths!r}")
-    try:
-        positions = [int(v) for v in args.positions.split(",")] if args.positions else []
-    except ValueError:
-        raise SystemExit(
-            f"--positions must be comma-separated ints, got {args.positions!r}"
-        ) from None
-    if positions and min(positions) < 1:
-        raise SystemExit(f"--positions must be positive, got {args.positions!r}")
-    start = time.perf_counter()
-    rows = measure(lengths, args.chunk_size, args.repeats)
+    args = parser.parse_args(argv)
+    rows = measure(args.lengths, args.chunk_size, args.repeats)
     print(table(rows))
     for row in rows:
         if row["length"] == 4096:
             print(
                 f"{row['recurrence']}: chunked / scan training at T = 4096: {row['speedup']:.1f}x (goal >= 5x)"
             )
-    if positions:
-        decode = measure_decode(positions, args.steps, args.repeats, args.size)
-        print(decode_table(decode))
+    decode = []
+    if args.positions:
+        decode = measure_decode(args.positions, args.steps, args.repeats, args.size)
+        print(f"\n{decode_table(decode)}")
         for name in sorted({r["model"] for r in decode}):
             times = [r["ms_per_token"] for r in decode if r["model"] == name]
             ratio = max(times) / min(times)
             print(f"{name}: slowest / fastest step over the positions: {ratio:.2f}x (goal <= 1.2x)")
-        rows = rows + decode
-    print(f"device: {jax.devices()[0].device_kind}; {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
-    return rows
+    return bench.finish({"rows": rows, "decode": decode}, args)

@@ -1,4 +1,4 @@
-"""Benchmark: ``predict_proba`` time and peak memory of lhc against ``tabicl`` 0.1.4.
+"""``predict_proba`` time and peak memory of lhc against ``tabicl`` 0.1.4.
 
 Both run the same random weights (default TabICL config, every parameter perturbed),
 saved once as an official ``.ckpt`` (read by the reference) and converted to Orbax (read
@@ -7,7 +7,7 @@ whose peak resident memory (``VmHWM``) is the memory figure; the reference runs 
 ``device="cpu", use_amp=False``. Table rows are (training rows, ensemble size), with the
 ratios reference / lhc.
 
-    python -m lhc.tabicl.bench --sizes 1000,10000,50000 --n-estimators 1,8 --out bench.json
+    lhc bench tabicl --sizes 1000,10000,50000 --n-estimators 1,8 --json bench.json
 """
 
 from __future__ import annotations
@@ -21,32 +21,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from lhc import bench
+
 DEFAULT_SIZES = (1000, 10000, 50000)
 DEFAULT_ESTIMATORS = (1, 8)
 IMPLEMENTATIONS = ("reference", "lhc")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(float(v)) for v in text.split(",") if v]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from err
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive ints, got {text!r}")
-    return values
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lhc bench tabicl", description=__doc__.split("\n")[0])
+    parser = bench.parser("tabicl", __doc__)
     parser.add_argument(
         "--sizes",
-        type=_int_list,
+        type=bench.int_list,
         default=list(DEFAULT_SIZES),
         help="training rows, comma-separated (default 1000,10000,50000)",
     )
     parser.add_argument(
         "--n-estimators",
-        type=_int_list,
+        type=bench.int_list,
         default=list(DEFAULT_ESTIMATORS),
         help="ensemble sizes, comma-separated (default 1,8)",
     )
@@ -54,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--features", type=int, default=20)
     parser.add_argument("--classes", type=int, default=5)
     parser.add_argument(
-        "--impls", default="reference,lhc", help="which implementations to run (reference,lhc)"
+        "--impls",
+        type=bench.str_list,
+        default=list(IMPLEMENTATIONS),
+        help="which implementations to run (reference,lhc)",
     )
     parser.add_argument(
         "--warmup",
@@ -88,7 +83,6 @@ def _parser() -> argparse.ArgumentParser:
         "each waited for before the next",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="JSON file for the results")
     parser.add_argument("--worker", choices=IMPLEMENTATIONS, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--n-train", type=int, help=argparse.SUPPRESS)
@@ -252,47 +246,41 @@ def save_random_models(directory: Path, tiny: bool, seed: int) -> tuple[Path, Pa
     return ckpt, orbax_dir
 
 
-def _format_table(rows: list[dict]) -> str:
-    header = (
-        f"{'train rows':>10} {'n_est':>5} | {'ref s':>9} {'lhc s':>9} {'ref/lhc':>7} | "
-        f"{'ref MB':>8} {'lhc MB':>8} {'ref/lhc':>7} | {'max|dp|':>8}"
-    )
-    lines = [header, "-" * len(header)]
+def _measured(result: dict | None, key: str):
+    # "not run": the implementation was not asked for; "fail": it ran and failed.
+    return "not run" if result is None else result.get(key, "fail")
 
-    def num(value, fmt):
-        return format(value, fmt) if isinstance(value, (int, float)) else str(value)
 
-    def measured(result, key):
-        # "not run": the implementation was not asked for; "fail": it ran and failed.
-        return "not run" if result is None else result.get(key, "fail")
-
-    for row in rows:
-        ref, lhc = row.get("reference"), row.get("lhc")
-        lines.append(
-            f"{row['n_train']:>10} {row['n_estimators']:>5} | "
-            f"{num(measured(ref, 'predict_s'), '9.2f'):>9} "
-            f"{num(measured(lhc, 'predict_s'), '9.2f'):>9} "
-            f"{num(row.get('time_ratio', '-'), '7.2f'):>7} | "
-            f"{num(measured(ref, 'peak_rss_mb'), '8.0f'):>8} "
-            f"{num(measured(lhc, 'peak_rss_mb'), '8.0f'):>8} "
-            f"{num(row.get('memory_ratio', '-'), '7.2f'):>7} | "
-            f"{num(row.get('max_abs_proba_diff', '-'), '8.1e'):>8}"
-        )
-    return "\n".join(lines)
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table: time and peak memory of both sides, ratios
+    reference / lhc, and the largest difference of the probabilities."""
+    shown = [
+        {**row, **{f"{impl}_{key}": _measured(row.get(impl), key)
+                   for impl in IMPLEMENTATIONS for key in ("predict_s", "peak_rss_mb")}}
+        for row in rows
+    ]  # fmt: skip
+    return bench.markdown_table(
+        [("train rows", "n_train"), ("n_est", "n_estimators"),
+         ("ref s", "reference_predict_s", ".2f"), ("lhc s", "lhc_predict_s", ".2f"),
+         ("ref/lhc", "time_ratio", ".2f"), ("ref MB", "reference_peak_rss_mb", ".0f"),
+         ("lhc MB", "lhc_peak_rss_mb", ".0f"), ("ref/lhc", "memory_ratio", ".2f"),
+         ("max\\|dp\\|", "max_abs_proba_diff", ".1e")],
+        shown,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Runs the benchmark; prints the table and returns (and optionally writes) the results."""
-    args = _parser().parse_args(argv)
+    """Runs the benchmark; prints the table; returns the ``settings`` and the ``rows``."""
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.worker:
         _worker(args)
         return {}
     import numpy as np
 
-    impls = [i for i in args.impls.split(",") if i]
-    for impl in impls:
+    for impl in args.impls:
         if impl not in IMPLEMENTATIONS:
-            raise ValueError(f"--impls entries must be in {IMPLEMENTATIONS}, got {impl!r}")
+            parser.error(f"--impls entries must be in {IMPLEMENTATIONS}, got {impl!r}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="lhc_tabicl_bench_") as tmp:
         tmp = Path(tmp)
@@ -302,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
         for n_train in args.sizes:
             for n_est in args.n_estimators:
                 row = {"n_train": n_train, "n_estimators": n_est}
-                for impl in impls:
+                for impl in args.impls:
                     result_file = tmp / f"{impl}_{n_train}_{n_est}.json"
                     command = [
                         sys.executable,
@@ -356,15 +344,10 @@ def main(argv: list[str] | None = None) -> dict:
                     p_lhc = np.load(tmp / f"lhc_{n_train}_{n_est}.json.npy")
                     row["max_abs_proba_diff"] = float(np.abs(p_ref - p_lhc).max())
                 rows.append(row)
-                print(
-                    _format_table(rows[-1:]).splitlines()[-1]
-                    if len(rows) > 1
-                    else _format_table(rows),
-                    flush=True,
-                )
+                # The header with the first row, then each row as it is measured.
+                print(table(rows[-1:]) if len(rows) == 1 else table(rows[-1:]).splitlines()[-1],
+                      flush=True)  # fmt: skip
     results = {
-        "command": "python -m lhc.tabicl.bench "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": {
             k: v
             for k, v in vars(args).items()
@@ -373,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
     }
     print()
-    print(_format_table(rows))
+    print(table(rows))
     for row in rows:
         stages = row.get("lhc", {}).get("stages_s")
         if stages:
@@ -383,9 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"lhc stages at {row['n_train']} rows x {row['n_estimators']}: {parts}, "
                 f"rest {rest:.2f} s"
             )
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
-    return results
+    return bench.finish(results, args)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def test_bad_episode_settings_are_refused():
         ManyShot(modality="image", patch=3)
 
 
-def test_bench_table_on_a_random_image_model():
+def test_bench_table_on_a_random_image_model(capsys):
     config = lm.LMConfig.tiny(vocab_size=manyshot.VOCAB_SIZE, scan_layers=False)
     model = manyshot.PatchLM(config)
     task = ManyShot(modality="image")
@@ -109,13 +109,17 @@ def test_bench_table_on_a_random_image_model():
     tokens = jnp.asarray(row["tokens"])
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
     params = model.init(jax.random.key(0), tokens, positions, features=jnp.asarray(row["features"]))
-    args = bench.parser().parse_args(
+    args = bench._parser().parse_args(
         ["--workdir", "unused", "--shots", "8", "--episodes", "1", "--queries", "3",
          "--chunk-size", "4", "--deltas", "0.01"]
     )  # fmt: skip
     make = bench._generated_episodes(model, params["params"], task, shots=8, queries=3)
     lm_model, lm_params = lm.Transformer(config), params["params"]["lm"]
     result = bench.evaluate(lm_model, lm_params, make, "image", args)
+    out = capsys.readouterr().out
+    assert "| method | delta | accuracy | kept | memory (KiB) | compression (s) |\n" in out
+    assert "\n|---|---:|---:|---:|---:|---:|\n| full context | — | " in out
+    assert "\n| EMLoC | 0.01 | " in out
     methods = {(t["method"], t["delta"]) for t in result["table"]}
     assert methods == {("full context", None)} | {
         (m, 0.01) for m in ("EMLoC", "uniform", "SnapKV-style", "fewer shots")

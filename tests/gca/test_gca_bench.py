@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lhc.gca import GCAConfig
-from lhc.gca.bench import measure, table
+from lhc.gca.bench import main, measure, table
 from lhc.lm.config import LMConfig
 
 
@@ -34,3 +34,26 @@ def test_bench_rows_account_memory_by_where_it_lives():
     assert np.isfinite(rows[0]["dense_s_per_token"])
     text = table(rows)
     assert text.count("\n| ") == len(contexts)
+
+
+def test_table_in_milliseconds_mib_and_ratios():
+    mib = 2**20
+    rows = [
+        dict(context=1024, gca_s_per_token=0.002, gca_offload_s_per_token=0.003,
+             dense_s_per_token=0.02, gca_cache_bytes=dict(device=4 * mib, host=0),
+             gca_offload_cache_bytes=dict(device=mib, host=3 * mib),
+             dense_cache_bytes=dict(device=6 * mib, host=0)),
+        dict(context=4096, gca_s_per_token=0.003, gca_offload_s_per_token=0.0045,
+             gca_cache_bytes=dict(device=8 * mib, host=0),
+             gca_offload_cache_bytes=dict(device=2 * mib, host=6 * mib)),
+    ]  # fmt: skip
+    lines = table(rows).splitlines()
+    assert lines[2] == "| 1024 | 2.00 | 1.00x | 3.00 | 20.00 | 10.0x | 4.0 | 1.0 | 3.0 | 6.0 |"
+    assert lines[3] == "| 4096 | 3.00 | 1.50x | 4.50 |  |  | 8.0 | 2.0 | 6.0 |  |"
+    assert lines[-1] == "Memory columns: the cache's arrays."
+
+
+def test_flags_are_checked():
+    for flags in (["--contexts", "0"], ["--contexts", "1024,x"], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            main(flags)

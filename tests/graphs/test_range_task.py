@@ -1,4 +1,4 @@
-"""The range of GNNs, the training task that tracks it, the report and the bench."""
+"""The range of GNNs, the training task that tracks it and the report."""
 
 import json
 
@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from lhc.graphs import bench, report, synthetic
+from lhc.graphs import report, synthetic
 from lhc.graphs.batch import from_adjacencies
 from lhc.graphs.distances import shortest_path_distances
 from lhc.graphs.influence import graph_influence, node_influence, range_measure
@@ -85,11 +85,3 @@ def test_graph_level_task_trains_and_reports_hessian_ranges(tmp_path):
     assert summary["eval/range_spd_norm"] > 0
     for key in ("eval/range_spd_norm", "eval/task_range_res_raw", "eval/mse"):
         assert np.isfinite(summary[key])
-
-
-def test_bench_table(capsys):
-    rows = bench.main(["--sides", "3", "--hessian-sides", "2", "--layers", "2", "--width", "8",
-                       "--out", "2", "--chunk-size", "4", "--repeats", "1"])  # fmt: skip
-    assert [r["kind"] for r in rows] == ["jacobian", "hessian"]
-    assert all(r["relative_difference"] < 1e-5 for r in rows)
-    assert "time ratio" in capsys.readouterr().out

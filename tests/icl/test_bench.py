@@ -1,5 +1,6 @@
 """The icl benches end to end on briefly trained models and a small HF checkpoint."""
 
+import json
 import pathlib
 
 import jax
@@ -21,11 +22,17 @@ def _trained(name, workdir):
     return str(workdir)
 
 
-def test_superposition_curve_from_a_workdir(tmp_path):
+def test_superposition_curve_from_a_workdir(tmp_path, capsys):
     workdir = _trained("icl_superposition.py", tmp_path / "model")
-    result = bench.superposition_main(
-        ["--workdir", workdir, "--prompts", "3", "--points", "3", "--task-vectors"]
+    result = bench.main(
+        ["superposition", "--workdir", workdir, "--prompts", "3", "--points", "3",
+         "--task-vectors"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert (
+        "\n| d | realised | P(bias_add(2)) | P(bias_add(6)) | other | KL | both >= 0.1 |\n" in out
     )
+    assert "\n| w | P(bias_add(2)) | P(bias_add(6)) |\n|---:|---:|---:|\n| 0.0 | " in out
     rows = result["rows"]
     assert [r["d"] for r in rows] == [0.0, 0.5, 1.0]
     assert rows[0]["realised"] == 0.0 and rows[-1]["realised"] == 1.0
@@ -40,7 +47,7 @@ def test_superposition_curve_from_a_workdir(tmp_path):
     assert all(0 < r["first"] + r["second"] <= 1 for r in vectors["rows"])
 
 
-def test_families_on_an_hf_checkpoint(tmp_path):
+def test_families_on_an_hf_checkpoint(tmp_path, capsys):
     rng = np.random.default_rng(0)
     family = families.get_family("addition")
     corpus = [families.superposition_prompt(rng, family, {"digits": 1.0}, 3).text
@@ -61,25 +68,45 @@ def test_families_on_an_hf_checkpoint(tmp_path):
     for text, answer in (("12+30->", "42"), ("50+51->", "cent un")):
         tokens = bench._answer_tokens(loaded, text, answer)
         assert loaded.decode(loaded.encode(text) + tokens) == text + answer
-    result = bench.superposition_main(
-        ["--checkpoint", str(model_dir), "--tokenizer", str(model_dir / "tokenizer.json"),
-         "--family", "addition", "--demos", "4", "--prompts", "2", "--dtype", "float32"]
+    result = bench.main(
+        ["superposition", "--checkpoint", str(model_dir), "--tokenizer",
+         str(model_dir / "tokenizer.json"), "--family", "addition", "--demos", "4",
+         "--prompts", "2", "--dtype", "float32"]
     )  # fmt: skip
     mean = np.array(result["addition"]["mean"])
     assert result["addition"]["tasks"] == list(family.tasks)
     assert mean.shape == (4,) and (mean > 0).all() and mean.sum() < 1
-    with pytest.raises(SystemExit, match="exactly one of"):
-        bench.superposition_main(["--prompts", "2"])
+    with pytest.raises(SystemExit):
+        bench.main(["superposition", "--prompts", "2"])
+    assert "one of the arguments --checkpoint --workdir is required" in capsys.readouterr().err
 
 
-def test_vectors_table_from_a_workdir(tmp_path):
+def test_the_first_argument_picks_the_benchmark(capsys):
+    for argv in ([], ["vector"], ["--workdir", "x"]):
+        with pytest.raises(SystemExit, match="the first argument is superposition or vectors"):
+            bench.main(argv)
+    with pytest.raises(SystemExit):
+        bench.main(["vectors", "--workdir", "x", "--ext-shots", "1,two"])
+    assert "--ext-shots: expected comma-separated ints, got '1,two'" in capsys.readouterr().err
+
+
+def test_vectors_table_from_a_workdir(tmp_path, capsys):
     workdir = _trained("icl_classification.py", tmp_path / "model")
-    result = bench.vectors_main(
-        ["--workdir", workdir, "--tasks", "1", "--episodes", "3", "--val-episodes", "4",
-         "--test-episodes", "6", "--ext-shots", "1", "--strengths", "0.5,0.9",
-         "--ext-strengths", "0.5"]
+    with pytest.raises(SystemExit, match="^--workdir '.*missing': "):
+        bench.main(["vectors", "--workdir", str(tmp_path / "missing")])
+    result = bench.main(
+        ["vectors", "--workdir", workdir, "--tasks", "1", "--episodes", "3",
+         "--val-episodes", "4", "--test-episodes", "6", "--ext-shots", "1",
+         "--strengths", "0.5,0.9", "--ext-strengths", "0.5", "--json", str(tmp_path / "v.json")]
     )  # fmt: skip
     (row,) = result["rows"]
+    out = capsys.readouterr().out
+    assert ("| task | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | Iterative Vectors "
+            "F1 (acc; ext_shot, strength, ext_strength) |\n|---:|---|---:|---:|---:|\n| 1 | ") in out  # fmt: skip
+    assert f"| mean |  | {row['clean_f1']:.3f} | {row['tv_f1']:.3f} | {row['iv_f1']:.3f} |" in out
+    written = json.loads((tmp_path / "v.json").read_text())
+    assert written["rows"][0]["task"] == 1 and written["shots"] == 1
+    assert written["argv"] and written["footer"].startswith("device: ")
     for key in ("clean_f1", "tv_f1", "iv_f1", "clean_acc", "tv_acc", "iv_acc"):
         assert 0 <= row[key] <= 1
     assert len(row["grid"]) == 2 and row["strength"] in (0.5, 0.9)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from lhc.lm import bench
 
 
@@ -29,13 +31,19 @@ def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):
             str(out_path),
         ]
     )
-    assert json.loads(out_path.read_text()) == json.loads(json.dumps(result))
-    assert "cache speedup" in capsys.readouterr().out
+    written = json.loads(out_path.read_text())
+    assert written.pop("footer").startswith("device: ") and isinstance(written.pop("argv"), list)
+    assert written == json.loads(json.dumps(result))
+    out = capsys.readouterr().out
+    assert "| config | params | prefill tok/s |" in out and "cache speedup" in out
+    assert "| tiny | 26,784 |" in out  # LMConfig.tiny's parameters, as the README counts them
     (row,) = result["measured"]
     assert row["config"] == "tiny" and row["batch_size"] == 2 and row["decode_steps"] == 3
-    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "recompute_decode_tokens_per_s"):
-        assert row[key] > 0
-    assert row["decode_speedup_vs_recompute"] == row["recompute_decode_s"] / row["decode_s"]
+    # Throughputs count the tokens: 2 prompts of 8 prefilled, 2 x 3 decoded each way.
+    assert row["prefill_tokens_per_s"] * row["prefill_s"] == pytest.approx(16)
+    assert row["decode_tokens_per_s"] * row["decode_s"] == pytest.approx(6)
+    assert row["recompute_decode_tokens_per_s"] * row["recompute_decode_s"] == pytest.approx(6)
+    assert row["decode_speedup_vs_recompute"] > 0
     assert row["cached_matches_recompute"] == 1.0
 
     # Llama-3.1-8B in bf16: 32 layers, 8 KV heads of 128, 4096 wide, 14336 MLP, 128256 vocab.
@@ -54,7 +62,7 @@ def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):
 
 def test_bench_against_transformers_structure_and_agreement(capsys):
     """The comparison on the tiny config: both decode the same checkpoint to the same
-    tokens, and the ratio is the ratio of the two measured times."""
+    tokens, and each rate counts the tokens it decoded."""
     result = bench.main(
         [
             "--configs", "", "--real-config", "", "--against", "transformers",
@@ -64,15 +72,30 @@ def test_bench_against_transformers_structure_and_agreement(capsys):
         ]
     )  # fmt: skip
     comparison = result["against_transformers"]
-    assert "transformers" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| batch | lhc kernels, layers | lhc | transformers | ratio |" in out
     assert [row["batch_size"] for row in comparison["rows"]] == [1, 2]
     assert {row["kernel_layout"] for row in comparison["rows"]} == {"out_in"}
     for row in comparison["rows"]:
         assert row["all_equal"] and row["tokens_equal"] == 1.0 and row["equal_prefix"] == 6
-        assert row["speedup"] == row["transformers_s"] / row["lhc_s"]
-        assert row["decode_speedup"] == row["transformers_decode_step_s"] / row["lhc_decode_step_s"]
+        # Each rate counts its tokens: batch x 6 end to end, batch per decode step.
+        for who in ("lhc", "transformers"):
+            assert row[f"{who}_tokens_per_s"] * row[f"{who}_s"] == pytest.approx(
+                6 * row["batch_size"]
+            )
+            assert row[f"{who}_decode_tokens_per_s"] * row[f"{who}_decode_step_s"] == pytest.approx(
+                row["batch_size"]
+            )
+        assert row["speedup"] > 0
     assert "bandwidth_fraction" in comparison["rows"][0]
+    assert "bandwidth_fraction" not in comparison["rows"][1]
     assert comparison["measured_bandwidth_gbps"] > 0
+
+
+def test_bench_list_flags_are_checked():
+    for flags in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--scan-layers", "2"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--configs", "", "--real-config", "", *flags])
 
 
 def test_agreement_counts_the_equal_prefix():

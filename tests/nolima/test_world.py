@@ -107,7 +107,30 @@ def test_bench_sweep_writes_resumable_results(tmp_path, capsys):
     ]
 
 
-def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path):
+def test_bench_throughput_runs_each_length_in_a_child_process(tmp_path, capsys):
+    argv = ["--world", "--throughput", "--lengths", "300", "--tests", "2", "--batch-size", "2",
+            "--max-new-tokens", "2", "--pairs", "2", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    out = bench.main(argv)
+    (row,) = out["rows"]
+    assert (row["length"], row["tests"], row["batch_size"]) == (300, 2, 2)
+    assert row["tests_per_s"] > 0 and row["peak_rss_gb"] > 0 and row["prompt_tokens"] > 300
+    assert "length     300: 2 tests in " in capsys.readouterr().out
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["rows"][0]["length"] == 300 and written["footer"].startswith("device: ")
+
+
+def test_bench_lists_and_depths_on_the_command_line(capsys):
+    args = bench._parser().parse_args(["--depths", "3", "--haystack", "a.txt,b.txt"])
+    assert args.depths == [0.0, 0.5, 1.0] and args.haystack == ["a.txt", "b.txt"]
+    assert args.lengths == [250, 500, 1000, 2000, 4000] and args.question_types is None
+    args = bench._parser().parse_args(["--depths", "0.25,1", "--question-types", "onehop"])
+    assert args.depths == [0.25, 1.0] and args.question_types == ["onehop"]
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--lengths", "250,x"])
+    assert "--lengths: expected comma-separated ints, got '250,x'" in capsys.readouterr().err
+
+
+def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, capsys):
     """The official-set path: a Hugging Face checkpoint, its BPE tokenizer and chat
     template, a needle-set file and a haystack text file (filtered and shuffled)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -140,5 +163,6 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path):
     assert out["tests"] == 3 and out["pairs"] == 3
     records = nolima.read_results(tmp_path / "r.jsonl")
     assert all(r["prompt_tokens"] > 300 for r in records)  # context plus the chat around it
-    with pytest.raises(SystemExit, match="not both"):
+    with pytest.raises(SystemExit):
         bench.main(["--checkpoint", str(model_dir), "--workdir", str(tmp_path)])
+    assert "argument --workdir: not allowed with argument --checkpoint" in capsys.readouterr().err

@@ -1,33 +1,49 @@
 """``lhc bench quantspec``: the traffic rows and the measured rows on a tiny model (the
 timings themselves are not tested)."""
 
+import json
+import pathlib
+
 import jax
-import jax.numpy as jnp
 import pytest
 
 from lhc import lm
 from lhc.quantspec import bench, traffic
+from lhc.train.config import load_config
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
-def test_traffic_rows_through_the_command_line():
+def test_traffic_rows_through_the_command_line(tmp_path, capsys):
     result = bench.main(["--configs", "llama-2-7b", "--contexts", "131072", "--gamma", "6",
-                         "--acceptance", "0.943"])  # fmt: skip
+                         "--acceptance", "0.943", "--json", str(tmp_path / "out.json")])  # fmt: skip
     (row,) = result["traffic"]
     want = traffic.step_bytes(traffic.NAMED["llama-2-7b"], 131072)
     assert row["ar_gb"] == want["ar"] / 1e9 and row["verify_gb"] == want["verify"] / 1e9
     assert round(row["speedup_mlp"], 2) == 2.74 and round(row["speedup_all"], 2) == 3.05
+    assert "| llama-2-7b | 131072 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out.json").read_text())["traffic"] == [row]
     with pytest.raises(SystemExit, match="unknown"):
         bench.main(["--configs", "gpt-5"])
+    with pytest.raises(SystemExit):
+        bench.main(["--contexts", "4096,x"])
+
+
+def test_model_sources():
+    small = ["--configs", "llama-2-7b", "--contexts", "4096"]
+    with pytest.raises(SystemExit, match="at most one"):
+        bench.main([*small, "--random", "--workdir", "/nonexistent"])
+    with pytest.raises(SystemExit, match="--workdir: "):
+        bench.main([*small, "--workdir", "/nonexistent/run"])
+    # --random is the shape that configs/quantspec_passkey.py trains.
+    config = load_config(str(CONFIGS / "quantspec_passkey.py") + ":tiny")
+    assert bench.RANDOM_MODEL == lm.LMConfig(**dict(config.model))
 
 
 def test_measured_rows_on_a_tiny_model():
     config = lm.LMConfig(vocab_size=259, num_layers=1, embed_dim=32, num_heads=2,
                          num_kv_heads=2, head_dim=16, mlp_dim=64, max_len=256)  # fmt: skip
-    model = lm.Transformer(config)
-    one = jnp.zeros((1, 1), jnp.int32)
-    params = jax.tree.map(lambda x: getattr(x, "value", x),
-                          model.init(jax.random.key(0), one, one)["params"],
-                          is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+    model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
     (row,) = bench.measure(model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2,
                            weights="mlp")  # fmt: skip
     assert row["same_tokens"] and 0 <= row["acceptance"] <= 1

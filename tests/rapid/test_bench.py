@@ -103,3 +103,26 @@ def test_passkey_questions_and_scoring():
         assert abs(at - depth * (1000 - len(needle))) <= 1
         assert starts_with_answer(np.asarray(answer + [5, 6]), answer)
         assert not starts_with_answer(np.asarray([answer[1], *answer]), answer)
+
+
+def test_bench_on_a_random_model(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    results = main(["--context-lengths", "256", "--samples", "2", "--new-tokens", "4",
+                    "--gamma", "2", "--etas", "0", "--upward-etas", "0", "--chunk-size", "32",
+                    "--min-budget", "64", "--repeats", "1", "--json", str(path)])  # fmt: skip
+    rows = {row["method"]: row for row in results[256]}
+    assert list(rows) == ["target", "rag", "rapid eta=0"]
+    assert rows["target"]["speedup"] == 1.0  # the baseline against itself
+    assert "acceptance" in rows["rapid eta=0"] and "acceptance" not in rows["rag"]
+    assert "| 256 | rapid eta=0 |" in capsys.readouterr().out
+    written = json.loads(path.read_text())
+    assert [row["method"] for row in written["256"]] == list(rows) and "footer" in written
+
+
+def test_model_flags():
+    with pytest.raises(SystemExit):  # one source per model
+        main(["--workdir", "a", "--checkpoint", "b"])
+    with pytest.raises(SystemExit):
+        main(["--etas", "0,x"])
+    with pytest.raises(SystemExit, match="--workdir: "):
+        main(["--workdir", "/nonexistent/run", "--context-lengths", "256"])

@@ -30,7 +30,7 @@ def test_bench_runs_both_implementations(tmp_path, capsys):
             "--warmup",
             "1",
             "--stages",
-            "--out",
+            "--json",
             str(out),
         ]
     )
@@ -49,18 +49,30 @@ def test_bench_runs_both_implementations(tmp_path, capsys):
     assert all(t > 0 for t in stages.values())
     assert sum(stages.values()) <= row["lhc"]["predict_s"]
     assert "stages_s" not in row["reference"]
-    assert json.loads(out.read_text())["rows"][0]["n_train"] == 40
+    written = json.loads(out.read_text())
+    assert written["rows"][0]["n_train"] == 40 and written["settings"]["sizes"] == [40]
     printed = capsys.readouterr().out
-    assert "ref/lhc" in printed and "lhc stages at 40 rows x 1: train_summaries" in printed
+    assert "| train rows | n_est | ref s | lhc s | ref/lhc |" in printed
+    assert "lhc stages at 40 rows x 1: train_summaries" in printed and "device: " in printed
 
 
 def test_table_tells_a_skipped_implementation_from_a_failed_one():
-    from lhc.tabicl.bench import _format_table
+    from lhc.tabicl.bench import table
 
     rows = [
         {"n_train": 100, "n_estimators": 1, "lhc": {"predict_s": 2.5, "peak_rss_mb": 900.0}},
         {"n_train": 200, "n_estimators": 8, "reference": {"error": "exit 1"}, "lhc": {}},
     ]
-    skipped, failed = _format_table(rows).splitlines()[2:]
-    assert skipped.split("|")[1].split() == ["not", "run", "2.50", "-"]
-    assert failed.split("|")[1].split() == ["fail", "fail", "-"]
+    skipped, failed = table(rows).splitlines()[2:]
+    cells = lambda line: [cell.strip() for cell in line.strip("|").split(" | ")]  # noqa: E731
+    # train rows, n_est, ref s, lhc s, ratio, ref MB, lhc MB, ratio, max|dp|
+    assert cells(skipped) == ["100", "1", "not run", "2.50", "", "not run", "900", "", ""]
+    assert cells(failed) == ["200", "8", "fail", "fail", "", "fail", "fail", "", ""]
+
+
+def test_bad_impls_are_a_clear_error(capsys):
+    from lhc.tabicl.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--impls", "lhc,torch"])
+    assert "--impls entries must be in ('reference', 'lhc'), got 'torch'" in capsys.readouterr().err
