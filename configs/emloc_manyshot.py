@@ -28,7 +28,8 @@ learning rate of 1e-3, the model stayed at chance for 1000-2000 steps.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 
@@ -47,12 +48,17 @@ def get_config(arg=None):
              modality=arg.modality, classes=4, keywords=1, input_length=1, noise=0.1,
              image_size=8, patch=8, pixel_noise=0.3)
     )  # fmt: skip
-    config.model = ml_collections.ConfigDict(
-        dict(vocab_size=260, num_layers=2, embed_dim=64, num_heads=4, num_kv_heads=2,
-             head_dim=16, mlp_dim=128, max_len=2048, rope_theta=10_000.0, norm_eps=1e-6,
-             tie_embeddings=False, scan_layers=False, dtype="float32", param_dtype="float32",
-             attention_impl="xla")
-    )  # fmt: skip
+    config.model = model_section(
+        LMConfig,
+        vocab_size=260,
+        num_layers=2,
+        embed_dim=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=128,
+        max_len=2048,
+    )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 20, 1),
                      end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)

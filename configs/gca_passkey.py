@@ -24,8 +24,9 @@ with the answer's loss alone, 800 steps of the tiny GCA stayed at chance).
 
 import ml_collections
 
-from lhc.gca.config import paper_optimizer
-from lhc.train.config import base_config, parse_arg
+from lhc.gca.config import GCAConfig, paper_optimizer
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 
 WIDTH, HEADS, MLP = 64, 2, 128
 VOCAB = 260  # 256 bytes, pad / bos / eos, and GCA's landmark
@@ -58,49 +59,19 @@ def get_config(arg=None):
     )
     if arg.size == "tiny":
         config.model_factory = "lhc.gca:gca_from_config"
-        config.model = ml_collections.ConfigDict(
-            dict(
-                vocab_size=VOCAB,
-                embed_dim=WIDTH,
-                num_heads=HEADS,
-                num_kv_heads=HEADS,
-                head_dim=WIDTH // HEADS,
-                mlp_dim=MLP,
-                lower_layers=2,
-                encoder_layers=1,
-                upper_layers=(2,),
-                chunk_size=32,
-                top_k=4,
-                window=65,
-                max_len=1 << 20,
-                landmark_id=VOCAB - 1,
-                rope_theta=10_000.0,
-                norm_eps=1e-6,
-                tie_embeddings=True,
-                gca_impl="xla",
-                dtype="float32",
-                param_dtype="float32",
-            )
-        )
+        # What differs from GCAConfig's defaults (the landmark is vocab_size - 1).
+        config.model = model_section(
+            GCAConfig, vocab_size=VOCAB, embed_dim=WIDTH, num_heads=HEADS, num_kv_heads=HEADS,
+            head_dim=WIDTH // HEADS, mlp_dim=MLP, lower_layers=2, encoder_layers=1,
+            upper_layers=(2,), chunk_size=32, top_k=4, window=65,
+        )  # fmt: skip
     else:
-        config.model_factory = "lhc.train.causal_lm:transformer_from_config"
-        config.model = ml_collections.ConfigDict(
-            dict(
-                vocab_size=VOCAB,
-                num_layers=4,
-                embed_dim=WIDTH,
-                num_heads=HEADS,
-                num_kv_heads=HEADS,
-                head_dim=WIDTH // HEADS,
-                mlp_dim=MLP,
-                max_len=32_768,
-                rope_theta=10_000.0,
-                norm_eps=1e-6,
-                tie_embeddings=True,
-                dtype="float32",
-                param_dtype="float32",
-                attention_impl="xla",
-            )
-        )
+        config.model_factory = "lhc.lm.factories:transformer_from_config"
+        # What differs from LMConfig's defaults.
+        config.model = model_section(
+            LMConfig, vocab_size=VOCAB, num_layers=4, embed_dim=WIDTH, num_heads=HEADS,
+            num_kv_heads=HEADS, head_dim=WIDTH // HEADS, mlp_dim=MLP, max_len=32_768,
+            tie_embeddings=True,
+        )  # fmt: skip
     config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
     return config

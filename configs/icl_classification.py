@@ -25,7 +25,8 @@ stayed near chance; ``mixed_steps`` got above it
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 
@@ -56,12 +57,18 @@ def get_config(arg=None):
              width=int(arg.width), keywords=1, input_length=1, noise=0.1,
              stages=_stages(arg))
     )  # fmt: skip
-    config.model = ml_collections.ConfigDict(
-        dict(vocab_size=256, num_layers=2, embed_dim=64, num_heads=4, num_kv_heads=4,
-             head_dim=16, mlp_dim=256, max_len=1024, rope_theta=10_000.0, norm_eps=1e-6,
-             tie_embeddings=False, scan_layers=True, dtype="float32", param_dtype="float32",
-             attention_impl="xla")
-    )  # fmt: skip
+    config.model = model_section(
+        LMConfig,
+        vocab_size=256,
+        num_layers=2,
+        embed_dim=64,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        mlp_dim=256,
+        max_len=1024,
+        scan_layers=True,
+    )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 20, 1),
                      end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)

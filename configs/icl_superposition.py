@@ -15,7 +15,8 @@ Add ``runlocal`` for a smoke test.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 SIZES = {
@@ -40,11 +41,14 @@ def get_config(arg=None):
         dict(name="superposition", kind=arg.kind, demos=8 if arg.runlocal else int(arg.demos))
     )
     size = SIZES[arg.size]
-    config.model = ml_collections.ConfigDict(
-        dict(vocab_size=256, max_len=2048, num_kv_heads=size["num_heads"], rope_theta=10_000.0,
-             norm_eps=1e-6, tie_embeddings=False, scan_layers=True, dtype="float32",
-             param_dtype="float32", attention_impl="xla", **size)
-    )  # fmt: skip
+    config.model = model_section(
+        LMConfig,
+        vocab_size=256,
+        max_len=2048,
+        num_kv_heads=size["num_heads"],
+        scan_layers=True,
+        **size,
+    )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 10, 1),
                      end_lr_fraction=0.1, b2=0.98, weight_decay=0.01)

@@ -17,7 +17,8 @@ The loss counts only the answers, so chance level is log(num_values) nats.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 _SIZES = {
@@ -39,7 +40,7 @@ def get_config(arg=None):
     config = base_config("causal_lm")
     # The causal-LM task builds config.model through this function (a method's config
     # points it at its own builder, e.g. a GCA or recurrent LM).
-    config.model_factory = "lhc.train.causal_lm:transformer_from_config"
+    config.model_factory = "lhc.lm.factories:transformer_from_config"
     config.num_steps = 20 if arg.runlocal else steps
     config.batch_size = batch
     config.eval_batches = 4
@@ -53,26 +54,16 @@ def get_config(arg=None):
             num_values=values,
         )
     )
-    config.model = ml_collections.ConfigDict(
-        dict(
-            vocab_size=keys + values,
-            num_layers=layers,
-            embed_dim=width,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=width // heads,
-            mlp_dim=mlp,
-            max_len=seq_len,
-            rope_theta=10_000.0,
-            norm_eps=1e-6,
-            qkv_bias=False,
-            tie_embeddings=False,
-            dtype="float32",
-            param_dtype="float32",
-            scan_layers=False,
-            remat_policy="none",
-            attention_impl="xla",
-        )
+    config.model = model_section(
+        LMConfig,
+        vocab_size=keys + values,
+        num_layers=layers,
+        embed_dim=width,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=width // heads,
+        mlp_dim=mlp,
+        max_len=seq_len,
     )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(config.num_steps, lr, warmup_steps=max(config.num_steps // 20, 1),

@@ -21,30 +21,33 @@ smoke test of a few steps.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.gca.config import GCAConfig
+from lhc.lm.config import LMConfig
+from lhc.recurrent.mamba2 import Mamba2Config
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 _MODELS = {
     "decoder": (
-        "lhc.train.causal_lm:transformer_from_config",
+        "lhc.lm.factories:transformer_from_config",
         dict(vocab_size=259, num_layers=4, embed_dim=128, num_heads=4, num_kv_heads=4,
-             head_dim=32, mlp_dim=256, max_len=1 << 17, rope_theta=10_000.0, norm_eps=1e-6,
-             tie_embeddings=True, dtype="float32", param_dtype="float32", attention_impl="xla"),
+             head_dim=32, mlp_dim=256, max_len=1 << 17, tie_embeddings=True),
     ),
     "gca": (
         "lhc.gca:gca_from_config",
         dict(vocab_size=260, embed_dim=64, num_heads=2, num_kv_heads=2, head_dim=32, mlp_dim=128,
              lower_layers=2, encoder_layers=1, upper_layers=(2,), chunk_size=32, top_k=4,
-             window=65, max_len=1 << 20, landmark_id=259, rope_theta=10_000.0, norm_eps=1e-6,
-             tie_embeddings=True, gca_impl="xla", dtype="float32", param_dtype="float32"),
+             window=65),
     ),
     "mamba2": (
         "lhc.recurrent.factories:mamba2_from_config",
-        dict(vocab_size=259, num_layers=2, embed_dim=64, expand=2, head_dim=16, state_dim=16,
-             num_groups=1, conv_width=4, chunk_size=64, rollback=16, max_len=1 << 20,
-             tie_embeddings=True),
+        dict(vocab_size=259, num_layers=2, embed_dim=64, head_dim=16, state_dim=16,
+             chunk_size=64),
     ),
 }  # fmt: skip
+
+
+_CONFIG_CLASSES = {"decoder": LMConfig, "gca": GCAConfig, "mamba2": Mamba2Config}
 
 
 def get_config(arg=None):
@@ -65,6 +68,6 @@ def get_config(arg=None):
              question_types=("onehop", "twohop", "direct"), lm_loss_weight=1.0)
     )  # fmt: skip
     config.model_factory = factory
-    config.model = ml_collections.ConfigDict(fields)
+    config.model = model_section(_CONFIG_CLASSES[arg.model], **fields)
     config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
     return config

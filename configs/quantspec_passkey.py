@@ -16,7 +16,8 @@ the acceptance rate measures.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 VOCAB = 259  # 256 bytes, pad / bos / eos
@@ -40,12 +41,18 @@ def get_config(arg=None):
         dict(lengths=(), depths=(0.0, 0.5, 1.0), samples=4, batch_size=4, prefill_chunk=512,
              output_dir="")
     )  # fmt: skip
-    config.model_factory = "lhc.train.causal_lm:transformer_from_config"
-    config.model = ml_collections.ConfigDict(
-        dict(vocab_size=VOCAB, num_layers=4, embed_dim=128, num_heads=4, num_kv_heads=4,
-             head_dim=32, mlp_dim=256, max_len=16_384, rope_theta=10_000.0, norm_eps=1e-6,
-             tie_embeddings=True, dtype="float32", param_dtype="float32",
-             attention_impl="xla")
-    )  # fmt: skip
+    config.model_factory = "lhc.lm.factories:transformer_from_config"
+    config.model = model_section(
+        LMConfig,
+        vocab_size=VOCAB,
+        num_layers=4,
+        embed_dim=128,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=32,
+        mlp_dim=256,
+        max_len=16_384,
+        tie_embeddings=True,
+    )
     config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
     return config

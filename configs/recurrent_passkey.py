@@ -21,7 +21,9 @@ so the evaluation may run at 100x the training length.
 
 import ml_collections
 
-from lhc.train.config import base_config, parse_arg
+from lhc.recurrent.gla_lm import GLAConfig
+from lhc.recurrent.mamba2 import Mamba2Config
+from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
 VOCAB = 259  # 256 bytes, pad / bos / eos
@@ -29,13 +31,12 @@ TRAIN_LENGTH = 256
 _MODELS = {
     "mamba2": (
         "lhc.recurrent.factories:mamba2_from_config",
-        dict(num_layers=2, embed_dim=64, expand=2, head_dim=16, state_dim=16, num_groups=1,
-             conv_width=4, chunk_size=64),
+        dict(num_layers=2, embed_dim=64, head_dim=16, state_dim=16, chunk_size=64),
     ),
     "gla": (
         "lhc.recurrent.factories:gla_from_config",
-        dict(num_layers=2, embed_dim=64, num_heads=2, key_dim=16, value_dim=32, gate_rank=16,
-             mlp_dim=128, chunk_size=64),
+        dict(num_layers=2, embed_dim=64, num_heads=2, key_dim=16, value_dim=32, mlp_dim=128,
+             chunk_size=64),
     ),
 }  # fmt: skip
 
@@ -73,8 +74,7 @@ def get_config(arg=None):
         )
     )
     config.model_factory = factory
-    config.model = ml_collections.ConfigDict(
-        dict(vocab_size=VOCAB, rollback=16, max_len=1 << 20, tie_embeddings=True, **fields)
-    )
+    config_class = {"mamba2": Mamba2Config, "gla": GLAConfig}[arg.model]
+    config.model = model_section(config_class, vocab_size=VOCAB, **fields)
     config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
     return config

@@ -94,3 +94,31 @@ def next_power_of_two(n: int, minimum: int = 1) -> int:
     """The smallest power of two >= max(n, minimum)."""
     n = max(int(n), minimum)
     return 1 << (n - 1).bit_length()
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """The score multiplier of a call: ``scale``, or ``head_dim ** -0.5`` for None.
+
+    Raises:
+        ValueError: if ``scale`` is not a number (a bool is not one).
+    """
+    if scale is None:
+        scale = head_dim**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise ValueError(f"scale must be a number or None, got {scale=!r}.")
+    return float(scale)
+
+
+def check_impl(impl: str) -> None:
+    """Raises ValueError unless ``impl`` is one of ``IMPLEMENTATIONS``."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl=!r}.")
+
+
+def gpu_compiler_params(head_dim: int):
+    """Triton launch settings of a kernel over tiles of ``head_dim`` features."""
+    # Imported here: quant_kv_attention imports this module and guards its own import of
+    # the Triton lowering, so that it loads where jax lacks it.
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)

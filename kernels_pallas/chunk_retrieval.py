@@ -55,16 +55,17 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 
 from kernels_pallas._common import (
     DEFAULT_MASK_VALUE,
-    IMPLEMENTATIONS,
     MIN_TRITON_DOT_DIM,
     NN,
     NT,
     NUM_LANES,
     TN,
+    check_impl,
+    check_scale,
+    gpu_compiler_params,
     matmul,
     next_power_of_two,
     resolve_backend,
@@ -72,7 +73,7 @@ from kernels_pallas._common import (
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class _RetrievalConfig:
     """Static settings of one call (hashable: a jit static)."""
 
     scale: float
@@ -118,19 +119,15 @@ def chunk_retrieval(
     Raises:
         ValueError: on wrong shapes, dtypes, indices or settings, naming the argument.
     """
-    _check_inputs(q, k_mem, v_mem, indices, weights)
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
-        raise ValueError(f"scale must be a number or None, got {scale=!r}.")
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl=!r}.")
+    _check_retrieval_inputs(q, k_mem, v_mem, indices, weights)
+    scale = check_scale(scale, q.shape[-1])
+    check_impl(impl)
     backend, interpret = resolve_backend(impl, backend, interpret)
-    config = _Config(scale=float(scale), impl=impl, backend=backend, interpret=interpret)
+    config = _RetrievalConfig(scale=scale, impl=impl, backend=backend, interpret=interpret)
     return _chunk_retrieval(q, k_mem, v_mem, indices, weights, config)
 
 
-def _check_inputs(q, k_mem, v_mem, indices, weights):
+def _check_retrieval_inputs(q, k_mem, v_mem, indices, weights):
     """Raises ValueError unless the arrays have the documented shapes and dtypes."""
     for name, array in (("q", q), ("k_mem", k_mem), ("v_mem", v_mem)):
         if getattr(array, "ndim", None) != 5:
@@ -195,7 +192,7 @@ def _check_inputs(q, k_mem, v_mem, indices, weights):
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _chunk_retrieval(q, k_mem, v_mem, indices, weights, config: _Config):
+def _chunk_retrieval(q, k_mem, v_mem, indices, weights, config: _RetrievalConfig):
     num_memory_chunks = k_mem.shape[1]
     indices = indices.astype(jnp.int32)
     valid = (indices >= 0) & (indices < num_memory_chunks)
@@ -278,7 +275,7 @@ def _xla_grouped(x, num_kv_heads):
     return x.reshape(batch, num_chunks, seq_len, num_kv_heads, num_heads // num_kv_heads, head_dim)
 
 
-def _xla_forward(q, k_mem, v_mem, indices, weights, config):
+def _xla_retrieval_forward(q, k_mem, v_mem, indices, weights, config):
     num_kv_heads = k_mem.shape[3]
     q_grouped = _xla_grouped(q, num_kv_heads)
     slot_weights = _slot_weights(indices, weights)
@@ -295,7 +292,7 @@ def _xla_forward(q, k_mem, v_mem, indices, weights, config):
     return acc.reshape(q.shape)
 
 
-def _xla_backward(q, k_mem, v_mem, indices, weights, d_out, config):
+def _xla_retrieval_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     num_kv_heads = k_mem.shape[3]
     q_grouped = _xla_grouped(q, num_kv_heads).astype(jnp.float32)
     d_out = _xla_grouped(d_out, num_kv_heads).astype(jnp.float32)
@@ -422,7 +419,7 @@ def _tpu_slot_specs(group, seq_len_q, seq_len_k, head_dim, num_chunks, num_slots
     return query_spec, memory_spec
 
 
-def _tpu_forward_kernel(
+def _tpu_retrieval_forward_kernel(
     indices_ref, weights_ref, q_ref, k_ref, v_ref, o_ref, acc_scratch, *, scale, num_chunks
 ):
     """One (batch, chunk, kv head, slot) step. Blocks: q, o [G, Sq, D]; k, v [Sk, D]."""
@@ -447,7 +444,7 @@ def _tpu_forward_kernel(
         o_ref[...] = acc_scratch[...].astype(o_ref.dtype)
 
 
-def _tpu_forward(q, k_mem, v_mem, indices, weights, config):
+def _tpu_retrieval_forward(q, k_mem, v_mem, indices, weights, config):
     batch, num_chunks, seq_len_q, _, head_dim = q.shape
     seq_len_k, num_kv_heads = k_mem.shape[2], k_mem.shape[3]
     num_slots = indices.shape[2]
@@ -457,7 +454,7 @@ def _tpu_forward(q, k_mem, v_mem, indices, weights, config):
         group, seq_len_q, seq_len_k, head_dim, num_chunks, num_slots
     )
     out = pl.pallas_call(
-        functools.partial(_tpu_forward_kernel, scale=config.scale, num_chunks=num_chunks),
+        functools.partial(_tpu_retrieval_forward_kernel, scale=config.scale, num_chunks=num_chunks),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
             grid=(batch, num_chunks, num_kv_heads, num_slots),
@@ -481,7 +478,7 @@ def _tpu_forward(q, k_mem, v_mem, indices, weights, config):
     return _tpu_query_unlayout(out)
 
 
-def _tpu_dq_kernel(
+def _tpu_retrieval_dq_kernel(
     indices_ref,
     weights_ref,
     q_ref,
@@ -528,7 +525,7 @@ def _tpu_dq_kernel(
         dq_ref[...] = dq_scratch[...].astype(dq_ref.dtype)
 
 
-def _tpu_dkv_kernel(
+def _tpu_retrieval_dkv_kernel(
     targets_ref,
     pairs_ref,
     weights_ref,
@@ -582,7 +579,7 @@ def _tpu_dkv_kernel(
         dv_ref[...] = dv_scratch[...].astype(dv_ref.dtype)
 
 
-def _tpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
+def _tpu_retrieval_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     batch, num_chunks, seq_len_q, _, head_dim = q.shape
     num_memory_chunks, seq_len_k, num_kv_heads = k_mem.shape[1:4]
     num_slots = indices.shape[2]
@@ -594,7 +591,7 @@ def _tpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
         group, seq_len_q, seq_len_k, head_dim, num_chunks, num_slots
     )
     dq, d_weights = pl.pallas_call(
-        functools.partial(_tpu_dq_kernel, scale=config.scale, num_chunks=num_chunks),
+        functools.partial(_tpu_retrieval_dq_kernel, scale=config.scale, num_chunks=num_chunks),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
             grid=(batch, num_chunks, num_kv_heads, num_slots),
@@ -642,7 +639,7 @@ def _tpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     pair_memory_spec = pl.BlockSpec((None, None, None, seq_len_k, head_dim), pair_memory_map)
     unblocked = pl.BlockSpec(memory_space=pl.ANY)
     dk, dv = pl.pallas_call(
-        functools.partial(_tpu_dkv_kernel, scale=config.scale, num_pairs=num_pairs),
+        functools.partial(_tpu_retrieval_dkv_kernel, scale=config.scale, num_pairs=num_pairs),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
             grid=(batch, num_kv_heads, num_pairs),
@@ -703,10 +700,6 @@ def _tpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
 # --------------------------------------------------------------------------------------
 
 
-def _gpu_compiler_params(head_dim):
-    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
-
-
 def _gpu_pad(x, axis, size):
     pad = [(0, 0)] * x.ndim
     pad[axis] = (0, size - x.shape[axis])
@@ -746,7 +739,9 @@ def _gpu_slot_specs(q, k_mem, group):
     return query_spec, memory_spec
 
 
-def _gpu_forward_kernel(indices_ref, weights_ref, q_ref, k_ref, v_ref, o_ref, *, scale, num_keys):
+def _gpu_retrieval_forward_kernel(
+    indices_ref, weights_ref, q_ref, k_ref, v_ref, o_ref, *, scale, num_keys
+):
     """Blocks: indices, weights [K]; q, o [Sq, D]; k, v [N, Sk, D] (one kv head)."""
     q = q_ref[...]
 
@@ -764,26 +759,26 @@ def _gpu_forward_kernel(indices_ref, weights_ref, q_ref, k_ref, v_ref, o_ref, *,
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
-def _gpu_forward(q, k_mem, v_mem, indices, weights, config):
+def _gpu_retrieval_forward(q, k_mem, v_mem, indices, weights, config):
     batch, num_chunks, seq_len_q, num_heads, head_dim = q.shape
     seq_len_k, num_kv_heads = k_mem.shape[2], k_mem.shape[3]
     q_p, k_p, v_p, indices_p, weights_p, _ = _gpu_padded(q, k_mem, v_mem, indices, weights)
     query_spec, memory_spec = _gpu_slot_specs(q_p, k_p, num_heads // num_kv_heads)
     slot_spec = pl.BlockSpec((None, None, indices_p.shape[2]), lambda b, c, n: (b, c, 0))
     out = pl.pallas_call(
-        functools.partial(_gpu_forward_kernel, scale=config.scale, num_keys=seq_len_k),
+        functools.partial(_gpu_retrieval_forward_kernel, scale=config.scale, num_keys=seq_len_k),
         grid=(batch, num_chunks, num_heads),
         in_specs=[slot_spec, slot_spec, query_spec, memory_spec, memory_spec],
         out_specs=query_spec,
         out_shape=jax.ShapeDtypeStruct(q_p.shape, jnp.float32),
-        compiler_params=_gpu_compiler_params(q_p.shape[4]),
+        compiler_params=gpu_compiler_params(q_p.shape[4]),
         interpret=config.interpret,
         name="chunk_retrieval_fwd",
     )(indices_p, weights_p, q_p, k_p, v_p)
     return out[:, :, :seq_len_q, :, :head_dim]
 
 
-def _gpu_dq_kernel(
+def _gpu_retrieval_dq_kernel(
     indices_ref,
     weights_ref,
     q_ref,
@@ -822,7 +817,7 @@ def _gpu_dq_kernel(
     d_weights_ref[...] = d_weights
 
 
-def _gpu_dkv_kernel(
+def _gpu_retrieval_dkv_kernel(
     starts_ref,
     ends_ref,
     pairs_ref,
@@ -862,7 +857,7 @@ def _gpu_dkv_kernel(
     dv_ref[...] = d_values.astype(dv_ref.dtype)
 
 
-def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
+def _gpu_retrieval_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     batch, num_chunks, seq_len_q, num_heads, head_dim = q.shape
     num_memory_chunks, seq_len_k, num_kv_heads = k_mem.shape[1:4]
     num_slots = indices.shape[2]
@@ -874,7 +869,7 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     query_spec, memory_spec = _gpu_slot_specs(q_p, k_p, group)
     slot_spec = pl.BlockSpec((None, None, padded_slots), lambda b, c, n: (b, c, 0))
     dq, d_weights = pl.pallas_call(
-        functools.partial(_gpu_dq_kernel, scale=config.scale, num_keys=seq_len_k),
+        functools.partial(_gpu_retrieval_dq_kernel, scale=config.scale, num_keys=seq_len_k),
         grid=(batch, num_chunks, num_heads),
         in_specs=[slot_spec, slot_spec, query_spec, memory_spec, memory_spec, query_spec],
         out_specs=[
@@ -885,7 +880,7 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
             jax.ShapeDtypeStruct(q_p.shape, q.dtype),
             jax.ShapeDtypeStruct((batch, num_chunks, num_heads, padded_slots), jnp.float32),
         ],
-        compiler_params=_gpu_compiler_params(q_p.shape[4]),
+        compiler_params=gpu_compiler_params(q_p.shape[4]),
         interpret=config.interpret,
         name="chunk_retrieval_bwd_dq",
     )(indices_p, weights_p, q_p, k_p, v_p, d_out_p)
@@ -903,7 +898,7 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     )
     dk, dv = pl.pallas_call(
         functools.partial(
-            _gpu_dkv_kernel,
+            _gpu_retrieval_dkv_kernel,
             scale=config.scale,
             group=group,
             num_slots=padded_slots,
@@ -925,7 +920,7 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
             jax.ShapeDtypeStruct(k_p.shape, k_mem.dtype),
             jax.ShapeDtypeStruct(v_p.shape, v_mem.dtype),
         ],
-        compiler_params=_gpu_compiler_params(q_p.shape[4]),
+        compiler_params=gpu_compiler_params(q_p.shape[4]),
         interpret=config.interpret,
         name="chunk_retrieval_bwd_dkv",
     )(
@@ -946,8 +941,16 @@ def _gpu_backward(q, k_mem, v_mem, indices, weights, d_out, config):
     )
 
 
-_FORWARD = {"xla": _xla_forward, "tpu": _tpu_forward, "gpu": _gpu_forward}
-_BACKWARD = {"xla": _xla_backward, "tpu": _tpu_backward, "gpu": _gpu_backward}
+_FORWARD = {
+    "xla": _xla_retrieval_forward,
+    "tpu": _tpu_retrieval_forward,
+    "gpu": _gpu_retrieval_forward,
+}
+_BACKWARD = {
+    "xla": _xla_retrieval_backward,
+    "tpu": _tpu_retrieval_backward,
+    "gpu": _gpu_retrieval_backward,
+}
 
 
 # --------------------------------------------------------------------------------------

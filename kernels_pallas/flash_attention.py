@@ -52,14 +52,15 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
 
 from kernels_pallas._common import (
     DEFAULT_MASK_VALUE,
-    IMPLEMENTATIONS,
     MIN_TRITON_DOT_DIM,
     NUM_LANES,
     NUM_SUBLANES,
+    check_impl,
+    check_scale,
+    gpu_compiler_params,
     resolve_backend,
 )
 from kernels_pallas._common import NN as _NN
@@ -150,17 +151,12 @@ def flash_attention(
         ValueError: on wrong shapes, dtypes or settings, naming the argument.
     """
     _check_inputs(query, key, value, query_positions, key_positions)
-    head_dim = query.shape[-1]
-    if scale is None:
-        scale = head_dim**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
-        raise ValueError(f"scale must be a number or None, got {scale=!r}.")
+    scale = check_scale(scale, query.shape[-1])
     if window is not None and (
         isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1
     ):
         raise ValueError(f"window must be None or an int >= 1, got {window=!r}.")
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl=!r}.")
+    check_impl(impl)
     if block_sizes is None:
         block_sizes = BlockSizes()
     if not isinstance(block_sizes, BlockSizes):
@@ -182,7 +178,7 @@ def flash_attention(
             interpret,
         )
     config = _Config(
-        scale=float(scale),
+        scale=scale,
         window=None if window is None else int(window),
         block_q=block_q,
         block_k=block_k,
@@ -1028,10 +1024,6 @@ def _gpu_bounds(positions):
     )
 
 
-def _gpu_compiler_params(head_dim):
-    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
-
-
 def _gpu_forward_kernel(
     q_pos_ref,
     k_pos_ref,
@@ -1127,7 +1119,7 @@ def _gpu_forward(query, key, value, query_positions, key_positions, config):
             jax.ShapeDtypeStruct(q.shape, query.dtype),
             jax.ShapeDtypeStruct((batch, num_heads, seq_len_q), jnp.float32),
         ],
-        compiler_params=_gpu_compiler_params(head_dim_padded),
+        compiler_params=gpu_compiler_params(head_dim_padded),
         interpret=config.interpret,
         name="flash_attention_fwd",
     )(query_positions, key_positions, q, k, v)
@@ -1269,7 +1261,7 @@ def _gpu_backward(query, key, value, query_positions, key_positions, d_out, lse,
         ],
         out_specs=q_block_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, query.dtype),
-        compiler_params=_gpu_compiler_params(head_dim_padded),
+        compiler_params=gpu_compiler_params(head_dim_padded),
         interpret=config.interpret,
         name="flash_attention_bwd_dq",
     )(*inputs)
@@ -1305,7 +1297,7 @@ def _gpu_backward(query, key, value, query_positions, key_positions, d_out, lse,
             jax.ShapeDtypeStruct(k.shape, key.dtype),
             jax.ShapeDtypeStruct(v.shape, value.dtype),
         ],
-        compiler_params=_gpu_compiler_params(head_dim_padded),
+        compiler_params=gpu_compiler_params(head_dim_padded),
         interpret=config.interpret,
         name="flash_attention_bwd_dkv",
     )(*inputs)

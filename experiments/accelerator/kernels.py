@@ -20,7 +20,7 @@ from kernels_pallas.quant_kv_attention import (
     quant_kv_attention,
     quant_kv_attention_reference,
 )
-from lhc.nn.attention import attention_segments
+from lhc.nn.attention_ops import attention_segments
 from lhc.quantspec import quantize
 
 

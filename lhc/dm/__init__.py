@@ -4,6 +4,10 @@ The models (``DecisionModel`` with ``DMConfig``: a Decision Transformer, or the
 Decision Mixer's routed layers with ``router=True``), the offline data layer in the
 D4RL layout (``OfflineDataset``, ``load_dataset``, ``SegmentSampler``,
 ``returns_to_go``, ``normalized_score``).
+
+Not imported here: the SAC agent (``lhc.dm.sac``) and the D4RL-style dataset recipe
+(``lhc.dm.recipe``, gymnasium from the ``dm`` extra), whose command is
+``python -m lhc.dm.behaviour``.
 """
 
 from lhc.dm.data import (

@@ -32,6 +32,11 @@ forward pass keeps the exact hard selection.
 The attention of routed layers is masked, not gathered: the selected tokens attend to
 selected keys only, which is the released semantics, but the compute is that of all T
 tokens; ``flops_per_action`` counts what the selection would cost when gathered.
+
+Every parameter carries logical axis names (``lhc.parallel.LOGICAL_AXIS_RULES``): the
+width D is ``embed``, hidden widths ``mlp``, attention heads ``heads`` and ``kv``, the
+timestep table ``vocab``; the small axes (S, A, the scalar outputs, the flattened window
+of the capacity MLP) are not split.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.nn.attention import dot_product_attention
+from lhc.nn.attention_ops import dot_product_attention
+from lhc.nn.config import ModelConfig
+from lhc.nn.linear import Einsum, Embed
 from lhc.nn.mlp import GeluMLP
 from lhc.nn.norms import LayerNorm
 
@@ -51,7 +58,7 @@ SELECTIONS = ("topk", "aux")
 
 
 @dataclasses.dataclass(frozen=True)
-class DMConfig:
+class DMConfig(ModelConfig):
     """Sizes and switches (official defaults: 6 layers, 4 heads, D 256, K 20 for DT and
     the paper's DM runs up to K 120, dropout 0.1).
 
@@ -82,15 +89,25 @@ class DMConfig:
     capacity_hidden: int = 512
     temperature: float = 1.0
 
+    POSITIVE = ("state_dim", "action_dim", "context", "embed_dim", "num_layers", "num_heads",
+                "max_ep_len", "capacity_hidden")  # fmt: skip
+
     def __post_init__(self):
+        super().__post_init__()
         if self.fixed_capacity is not None and not 0 < self.fixed_capacity <= 1:
             raise ValueError(
-                f"fixed_capacity: expected None or a fraction in (0, 1], got {self.fixed_capacity}"
+                "DMConfig.fixed_capacity must be None or a fraction in (0, 1], got "
+                f"{self.fixed_capacity!r}"
             )
         if self.embed_dim % self.num_heads:
             raise ValueError(
-                f"embed_dim ({self.embed_dim}) must be a multiple of num_heads ({self.num_heads})"
+                f"DMConfig.embed_dim ({self.embed_dim}) must be a multiple of num_heads "
+                f"({self.num_heads})"
             )
+        if isinstance(self.dropout, bool) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"DMConfig.dropout must lie in [0, 1), got {self.dropout!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"DMConfig.temperature must be positive, got {self.temperature!r}")
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +115,17 @@ class DMConfig:
 
     def routed(self, layer: int) -> bool:
         return self.router and layer % 2 == 1
+
+
+def _dense(features: int, axes: tuple[str | None, str | None], name: str) -> nn.Dense:
+    """``nn.Dense`` (its initialisation) with the kernel's axes named ``axes`` (in, out)
+    and the bias's by the output axis."""
+    return nn.Dense(
+        features,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
+        name=name,
+    )
 
 
 class Block(nn.Module):
@@ -112,11 +140,21 @@ class Block(nn.Module):
         batch, tokens, width = x.shape
         head_dim = width // cfg.num_heads
         h = LayerNorm(use_bias=True, name="ln_attention")(x)
-        qkv = nn.DenseGeneral((3, cfg.num_heads, head_dim), name="qkv")(h)  # [B, T, 3, N, H]
+        # C = 3 (query, key, value), N heads of H. Both projections initialise as
+        # nn.DenseGeneral did (fan-in D, and N H) and, with N H contracted as one axis F,
+        # compute its outputs to the last bit.
+        qkv = Einsum(
+            (width, 3, cfg.num_heads, head_dim), ("embed", None, "heads", "kv"), use_bias=True,
+            kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2, 3)), name="qkv",
+        )("BTD,DCNH->BTCNH", h)  # fmt: skip
         query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         query_positions = jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
         out = dot_product_attention(query, key, value, query_positions, key_positions)
-        out = nn.DenseGeneral(width, axis=(-2, -1), name="attention_out")(out)
+        out = Einsum(
+            (cfg.num_heads, head_dim, width), ("heads", "kv", "embed"), in_dims=2, use_bias=True,
+            kernel_init=nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
+            equation_shape=(width, width), name="attention_out",
+        )("BTF,FD->BTD", out.reshape(batch, tokens, width))  # fmt: skip
         x = x + nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
         h = LayerNorm(use_bias=True, name="ln_mlp")(x)
         out = GeluMLP(4 * width, name="mlp")(h)
@@ -147,9 +185,10 @@ class Router(nn.Module):
     def __call__(self, x, valid, *, selection: str, deterministic: bool):
         cfg = self.config
         batch, tokens, _ = x.shape
-        scores = nn.Dense(1, name="score")(x)[..., 0]  # [B, T]
-        hidden = nn.Dense(cfg.capacity_hidden, name="capacity_hidden")(x.reshape(batch, -1))
-        fraction = jax.nn.sigmoid(nn.Dense(1, name="capacity_out")(nn.leaky_relu(hidden)))[:, 0]
+        scores = _dense(1, ("embed", None), "score")(x)[..., 0]  # [B, T]
+        flat = x.reshape(batch, -1)  # [B, T D]
+        hidden = nn.leaky_relu(_dense(cfg.capacity_hidden, (None, "mlp"), "capacity_hidden")(flat))
+        fraction = jax.nn.sigmoid(_dense(1, ("mlp", None), "capacity_out")(hidden))[:, 0]
         if cfg.fixed_capacity is not None:
             fraction = jnp.full_like(fraction, cfg.fixed_capacity)
         capacity = jnp.clip(fraction * tokens, 1.0, float(tokens))
@@ -158,8 +197,8 @@ class Router(nn.Module):
         threshold = kth_largest(masked_scores, capacity)
         hard_topk = (masked_scores > jax.lax.stop_gradient(threshold)[:, None]) & valid
         aux_input = jax.lax.stop_gradient(x)
-        aux_hidden = nn.silu(nn.Dense(x.shape[-1] // 2, name="aux_hidden")(aux_input))
-        aux_logits = nn.Dense(2, name="aux_out")(aux_hidden).astype(jnp.float32)
+        aux_hidden = nn.silu(_dense(x.shape[-1] // 2, ("embed", "mlp"), "aux_hidden")(aux_input))
+        aux_logits = _dense(2, ("mlp", None), "aux_out")(aux_hidden).astype(jnp.float32)
         if selection == "topk":
             hard = hard_topk
             soft = jax.nn.sigmoid((masked_scores - threshold[:, None]) / cfg.temperature)
@@ -196,12 +235,16 @@ class DecisionModel(nn.Module):
         batch, steps, _ = states.shape
         if mask is None:
             mask = jnp.ones((batch, steps), bool)
-        time = nn.Embed(cfg.max_ep_len, cfg.embed_dim, name="embed_timestep")(timesteps)
+        # nn.Embed's initialisation.
+        embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
+        time = Embed(cfg.max_ep_len, cfg.embed_dim, embedding_init=embed_init,
+                     name="embed_timestep").encode(timesteps)  # fmt: skip
+        embed = lambda name: _dense(cfg.embed_dim, (None, "embed"), name)  # noqa: E731
         tokens = jnp.stack(
             [
-                nn.Dense(cfg.embed_dim, name="embed_return")(returns_to_go) + time,
-                nn.Dense(cfg.embed_dim, name="embed_state")(states) + time,
-                nn.Dense(cfg.embed_dim, name="embed_action")(actions) + time,
+                embed("embed_return")(returns_to_go) + time,
+                embed("embed_state")(states) + time,
+                embed("embed_action")(actions) + time,
             ],
             axis=2,
         ).reshape(batch, 3 * steps, cfg.embed_dim)  # (R_1, s_1, a_1, R_2, ...)
@@ -220,7 +263,9 @@ class DecisionModel(nn.Module):
                 x = Block(cfg, name=f"block_{layer}")(x, all_positions, deterministic=deterministic)
         x = LayerNorm(use_bias=True, name="ln_final")(x)
         state_tokens = x.reshape(batch, steps, 3, cfg.embed_dim)[:, :, 1]
-        predicted = jnp.tanh(nn.Dense(cfg.action_dim, name="predict_action")(state_tokens))
+        predicted = jnp.tanh(
+            _dense(cfg.action_dim, ("embed", None), "predict_action")(state_tokens)
+        )
         return predicted.astype(jnp.float32), {"routers": routers}
 
 

@@ -54,13 +54,11 @@ class DecisionTask(Task):
             max_ep_len=int(data.max_ep_len),
         )
         try:
-            self.model_config = DMConfig(
-                state_dim=self.dataset.observations.shape[1],
-                action_dim=self.dataset.actions.shape[1],
-                max_ep_len=int(data.max_ep_len),
-                **fields,
-            )
-        except TypeError as error:
+            self.model_config = DMConfig.from_dict(dict(
+                fields, state_dim=self.dataset.observations.shape[1],
+                action_dim=self.dataset.actions.shape[1], max_ep_len=int(data.max_ep_len),
+            ))  # fmt: skip
+        except ValueError as error:
             raise ValueError(f"config.model: {error}") from error
         # The model acts in [-1, 1] (tanh); actions are divided by the environment's bounds.
         self.action_scale = np.ones(self.model_config.action_dim, np.float32)

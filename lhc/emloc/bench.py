@@ -1,4 +1,4 @@
-"""``lhc bench emloc``: many-shot accuracy against kept context, EMLoC and its baselines.
+"""EMLoC: many-shot accuracy against kept context, EMLoC and its baselines.
 
 On a model trained with ``configs/emloc_manyshot.py`` (text or images)::
 

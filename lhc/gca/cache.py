@@ -33,6 +33,8 @@ incomplete (``can_append`` is false: NaN logits, or an error with concrete value
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,7 +49,7 @@ from lhc.lm.cache import (
     put_slots,
     read_before_write,
 )
-from lhc.nn.attention import after as after_
+from lhc.nn.attention import ordered_after
 from lhc.parallel.offload import to_host
 
 
@@ -59,6 +61,74 @@ def stream_position(text_positions: jax.Array, text_per_chunk: int) -> jax.Array
 def text_length(stream_lengths: jax.Array, chunk_size: int) -> jax.Array:
     """Text tokens in the first ``stream_lengths`` stream positions (landmarks excluded)."""
     return stream_lengths - stream_lengths // chunk_size
+
+
+class StreamLayout(NamedTuple):
+    """Where one call's entries go in its stream buffer of ``T'`` entries, and the ``M``
+    chunks the call completes (chunk ``first_chunk + m``, closed by its landmark)."""
+
+    tokens: jax.Array  # int32 [B, T']: the text with the landmarks inserted
+    positions: jax.Array  # int32 [B, T']: stream positions (-1: padding)
+    text_index: jax.Array  # int32 [B, T]: the entry of each text token (T' for padding)
+    start: jax.Array  # int32 [B]: stream position of entry 0
+    end: jax.Array  # int32 [B]: one past the last real stream position
+    num_landmarks: jax.Array  # int32 [B]: chunks completed by the call
+    first_chunk: jax.Array  # int32 [B]: the chunk entry 0 belongs to
+    chunk_ids: jax.Array  # int32 [B, M]
+    chunk_valid: jax.Array  # bool [B, M]
+    landmark_entry: jax.Array  # int32 [B, M]: the entry of each chunk's landmark
+
+
+def stream_layout(cfg: GCAConfig, tokens, positions, cache: GCACache | None) -> StreamLayout:
+    """The stream of one call of ``lhc.gca.GCA`` on text ``tokens``, ``positions`` ``[B, T]``:
+    entry ``i`` of a row is stream position ``start + i``, where ``start`` continues the
+    cache (0 without one)."""
+    size, per_chunk = cfg.chunk_size, cfg.text_per_chunk
+    batch, length = tokens.shape
+    rows = jnp.arange(batch)[:, None]
+    real = positions >= 0
+    start_text = jnp.zeros((batch,), jnp.int32) if cache is None else cache.text_lengths()
+    start = stream_position(start_text, per_chunk)
+    buffer_len = length + length // per_chunk + 1
+    text_stream = stream_position(positions, per_chunk)
+    text_index = jnp.where(real, text_stream - start[:, None], buffer_len)
+    closes = real & (jnp.mod(positions, per_chunk) == per_chunk - 1)
+    landmark_index = jnp.where(closes, text_index + 1, buffer_len)
+    buffer_tokens = (
+        jnp.zeros((batch, buffer_len), jnp.int32)
+        .at[rows, text_index]
+        .set(tokens.astype(jnp.int32), mode="drop")
+        .at[rows, landmark_index]
+        .set(cfg.landmark_id, mode="drop")
+    )
+    buffer_positions = (
+        jnp.full((batch, buffer_len), -1, jnp.int32)
+        .at[rows, text_index]
+        .set(text_stream, mode="drop")
+        .at[rows, landmark_index]
+        .set(text_stream + 1, mode="drop")
+    )
+    num_landmarks = jnp.sum(closes, axis=1)
+    end = start + jnp.sum(real, axis=1) + num_landmarks
+
+    # The chunks this call completes, in order: chunk first_chunk + m.
+    max_landmarks = length // per_chunk + 1
+    first_chunk = start // size
+    chunk_ids = first_chunk[:, None] + jnp.arange(max_landmarks, dtype=jnp.int32)
+    chunk_valid = jnp.arange(max_landmarks)[None, :] < num_landmarks[:, None]
+    landmark_entry = jnp.clip((chunk_ids + 1) * size - 1 - start[:, None], 0, buffer_len - 1)
+    return StreamLayout(
+        tokens=buffer_tokens,
+        positions=buffer_positions,
+        text_index=text_index,
+        start=start,
+        end=end,
+        num_landmarks=num_landmarks,
+        first_chunk=first_chunk,
+        chunk_ids=chunk_ids,
+        chunk_valid=chunk_valid,
+        landmark_entry=landmark_entry,
+    )
 
 
 @struct.dataclass
@@ -79,7 +149,7 @@ class StreamWriter:
 
     def write(self, layers, layer, keys, values, *, after):
         return tuple(
-            put_slots(store, layer, self.slots, after_(new, after))
+            put_slots(store, layer, self.slots, ordered_after(new, after))
             for store, new in zip(layers, (keys, values))
         )
 
@@ -314,4 +384,68 @@ def init_gca_cache(config: GCAConfig, batch_size: int, max_len: int | None = Non
         chunk_size=size,
         window=config.window,
         max_len=max_len,
+    )
+
+
+def cache_after_call(
+    cache: GCACache,
+    stream: StreamLayout,
+    layers,
+    lower_out,
+    positions,
+    memory,
+    memory_landmarks,
+    fresh,
+) -> GCACache:
+    """The cache after a call of ``lhc.gca.GCA`` that appended ``positions`` ``[B, T]``.
+
+    Args:
+        cache: the cache before the call.
+        stream: the call's ``stream_layout``.
+        layers: ``(window_keys, window_values)`` as the window layers wrote them.
+        lower_out: ``[B, T', D]``, the lower decoder's outputs of the call's stream.
+        positions: int32 ``[B, T]``, the text positions appended.
+        memory: ``(keys, values)``, the chunk memory with the call's chunks stored.
+        memory_landmarks: ``[B, N, D]``, the landmark keys likewise.
+        fresh: per retrieval group, the call's ``(indices, weights)`` ``[B, M, top_k]``.
+    """
+    batch, length = positions.shape
+    rows = jnp.arange(batch)[:, None]
+    buffer_positions, end, chunk_ids = stream.positions, stream.end, stream.chunk_ids
+    window_keys, window_values = layers
+    hidden_size = cache.hidden.shape[1]
+    hidden = cache.hidden.at[rows, ring_slots(buffer_positions, end, hidden_size)].set(
+        lower_out.astype(cache.hidden.dtype), mode="drop"
+    )
+    # Retrievals of the last two chunks completed, at slot chunk % 2.
+    m = jnp.arange(chunk_ids.shape[1])[None, :]
+    keep = stream.chunk_valid & (m >= stream.num_landmarks[:, None] - 2)
+    slot = jnp.where(keep, jnp.mod(chunk_ids, 2), 2)
+    retrieval_indices, retrieval_weights = cache.retrieval_indices, cache.retrieval_weights
+    for group, (indices, weights) in enumerate(fresh):
+        retrieval_indices = retrieval_indices.at[rows, group, slot].set(indices, mode="drop")
+        retrieval_weights = retrieval_weights.at[rows, group, slot].set(weights, mode="drop")
+    retrieval_chunks = cache.retrieval_chunks.at[rows, slot].set(chunk_ids, mode="drop")
+    # Text positions of the last appended tokens, at slot append index % A.
+    recent = cache.recent_positions.shape[1]
+    order = cache.lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
+    recent_slots = jnp.where(
+        order >= cache.lengths[:, None] + length - recent, order % recent, recent
+    )
+    recent_positions = cache.recent_positions.at[rows, recent_slots].set(positions, mode="drop")
+    return cache.replace(
+        window_keys=window_keys,
+        window_values=window_values,
+        window_positions=ring_positions(cache.window_positions, buffer_positions, end),
+        hidden=hidden,
+        hidden_positions=ring_positions(cache.hidden_positions, buffer_positions, end),
+        memory_keys=memory[0],
+        memory_values=memory[1],
+        landmark_keys=memory_landmarks,
+        retrieval_indices=retrieval_indices,
+        retrieval_weights=retrieval_weights,
+        retrieval_chunks=retrieval_chunks,
+        recent_positions=recent_positions,
+        stream_lengths=end,
+        lengths=cache.lengths + length,
     )

@@ -75,11 +75,12 @@ import numpy as np
 from kernels_pallas.chunk_retrieval import chunk_retrieval
 from lhc.gca.cache import (
     GCACache,
+    StreamLayout,
     StreamWriter,
+    cache_after_call,
     init_gca_cache,
-    ring_positions,
     ring_slots,
-    stream_position,
+    stream_layout,
 )
 from lhc.gca.config import GCAConfig
 from lhc.lm.cache import is_concrete
@@ -373,8 +374,77 @@ def _check_inputs(cfg: GCAConfig, tokens, positions, cache) -> None:
         cache.validate_append(tokens.shape[0], tokens.shape[1])
 
 
+def _layer_handle(writer: StreamWriter | None, layers, layer: int) -> LayerCache | None:
+    return None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
+
+
+def _write_memory(
+    cfg: GCAConfig, cache: GCACache | None, stream: StreamLayout, new_memory, landmarks
+):
+    """The chunk memory (keys, values) and landmark keys with the call's chunks stored."""
+    if cache is None:
+        # Chunk j of the call is chunk j of the sequence (it starts at 0).
+        return new_memory, landmarks
+    rows = jnp.arange(landmarks.shape[0])[:, None]
+    slot = jnp.where(stream.chunk_valid, stream.chunk_ids, cache.memory_keys.shape[1])
+    stores = tuple(zip((cache.memory_keys, cache.memory_values), new_memory))
+    if cfg.offload_memory:
+        memory = tuple(host_put_rows(stored, slot, new) for stored, new in stores)
+    else:
+        memory = tuple(
+            stored.at[rows, slot].set(new.astype(stored.dtype), mode="drop")
+            for stored, new in stores
+        )
+    memory_landmarks = cache.landmark_keys.at[rows, slot].set(
+        landmarks.astype(cache.landmark_keys.dtype), mode="drop"
+    )
+    return memory, memory_landmarks
+
+
+def _retrieval_table(cfg, cache, stream: StreamLayout, group: int, indices, weights):
+    """``(indices, weights)`` ``[B, 1 + M, top_k]``: row 0 the retrieval serving chunk
+    ``first_chunk`` (made by the previous call, kept in the cache), then this call's."""
+    batch = indices.shape[0]
+    rows = jnp.arange(batch)[:, None]
+    first_chunk = stream.first_chunk
+    if cache is None:
+        before = (
+            jnp.full((batch, 1, cfg.top_k), -1, jnp.int32),
+            jnp.zeros((batch, 1, cfg.top_k), jnp.float32),
+        )
+    else:
+        held = jnp.mod(first_chunk - 1, 2)
+        serves = cache.retrieval_chunks[rows[:, 0], held] == first_chunk - 1
+        before_indices = cache.retrieval_indices[rows[:, 0], group, held]
+        before = (
+            jnp.where(serves[:, None], before_indices, -1)[:, None],
+            cache.retrieval_weights[rows[:, 0], group, held][:, None],
+        )
+    return (
+        jnp.concatenate([before[0], indices], axis=1),
+        jnp.concatenate([before[1], weights], axis=1),
+    )
+
+
+def _compact_memory(memory, table, top_k: int):
+    """Only the chunks ``table`` names, brought from the host to the device as a compact
+    memory whose chunk ``r * top_k + k`` is the table's ``[r, k]``; the table re-indexed."""
+    batch = table[0].shape[0]
+    group_memory = tuple(host_take_rows(stored, table[0]) for stored in memory)
+    group_memory = tuple(m.reshape(batch, -1, *m.shape[3:]) for m in group_memory)
+    compact = jnp.arange(table[0].shape[1] * top_k, dtype=jnp.int32)
+    compact = compact.reshape(table[0].shape[1:])
+    return group_memory, (jnp.where(table[0] >= 0, compact, -1), table[1])
+
+
 class GCA(nn.Module):
     """The Grouped Cross Attention causal LM (see the module docstring).
+
+    ``__call__`` runs the parts in order: the stream layout (``stream_layout``), the
+    lower decoder (``_lower``), the chunk encoder (``_encode_chunks``) and the memory
+    write (``_write_memory``), the retrieval groups and upper layers (``_upper``), the
+    logits (``_logits``). The parts are plain methods inside the one compact call, so
+    every parameter keeps its path under the model (see the module docstring).
 
     Attributes:
         config: the model's ``GCAConfig``.
@@ -416,44 +486,8 @@ class GCA(nn.Module):
         """
         cfg = self.config
         _check_inputs(cfg, tokens, positions, cache)
-        size, per_chunk = cfg.chunk_size, cfg.text_per_chunk
-        batch, length = tokens.shape
-        rows = jnp.arange(batch)[:, None]
         positions = positions.astype(jnp.int32)
-        real = positions >= 0
-
-        # The call's stream: entry i of a row is stream position start + i.
-        start_text = jnp.zeros((batch,), jnp.int32) if cache is None else cache.text_lengths()
-        start = stream_position(start_text, per_chunk)
-        buffer_len = length + length // per_chunk + 1
-        text_stream = stream_position(positions, per_chunk)
-        text_index = jnp.where(real, text_stream - start[:, None], buffer_len)
-        closes = real & (jnp.mod(positions, per_chunk) == per_chunk - 1)
-        landmark_index = jnp.where(closes, text_index + 1, buffer_len)
-        buffer_tokens = (
-            jnp.zeros((batch, buffer_len), jnp.int32)
-            .at[rows, text_index]
-            .set(tokens.astype(jnp.int32), mode="drop")
-            .at[rows, landmark_index]
-            .set(cfg.landmark_id, mode="drop")
-        )
-        buffer_positions = (
-            jnp.full((batch, buffer_len), -1, jnp.int32)
-            .at[rows, text_index]
-            .set(text_stream, mode="drop")
-            .at[rows, landmark_index]
-            .set(text_stream + 1, mode="drop")
-        )
-        num_landmarks = jnp.sum(closes, axis=1)
-        end = start + jnp.sum(real, axis=1) + num_landmarks
-
-        # The chunks this call completes, in order: chunk first_chunk + m.
-        max_landmarks = length // per_chunk + 1
-        first_chunk = start // size
-        chunk_ids = first_chunk[:, None] + jnp.arange(max_landmarks, dtype=jnp.int32)
-        chunk_valid = jnp.arange(max_landmarks)[None, :] < num_landmarks[:, None]
-        landmark_entry = jnp.clip((chunk_ids + 1) * size - 1 - start[:, None], 0, buffer_len - 1)
-
+        stream = stream_layout(cfg, tokens, positions, cache)
         embed = Embed(
             cfg.vocab_size,
             cfg.embed_dim,
@@ -461,30 +495,55 @@ class GCA(nn.Module):
             param_dtype=cfg.param_dtype,
             name="embed",
         )
-        x = nn.with_logical_constraint(embed.encode(buffer_tokens), _RESIDUAL_AXES)
+        x = nn.with_logical_constraint(embed.encode(stream.tokens), _RESIDUAL_AXES)
 
         writer = layers = None
         if cache is not None:
             writer = StreamWriter(
-                slots=ring_slots(buffer_positions, end, cache.ring_size),
+                slots=ring_slots(stream.positions, stream.end, cache.ring_size),
                 positions=cache.window_positions,
-                new_positions=buffer_positions,
+                new_positions=stream.positions,
             )
             layers = (cache.window_keys, cache.window_values)
+        lower_out, layers = self._lower(x, stream, writer, layers)
+        keys, values, landmarks = self._encode_chunks(lower_out, stream, cache)
+        memory, memory_landmarks = _write_memory(cfg, cache, stream, (keys, values), landmarks)
+        x, layers, fresh = self._upper(
+            lower_out, stream, cache, writer, layers, memory, memory_landmarks
+        )
+        text_entries = jnp.where(positions >= 0, stream.text_index, 0)
+        logits = self._logits(x, embed, text_entries[:, -1:] if last_only else text_entries)
+        if cache is None:
+            return logits, None
 
-        def handle(layer):
-            return None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
+        fits = cache.can_append(tokens.shape[1])
+        logits = jnp.where(fits[:, None, None], logits, jnp.nan)
+        return logits, cache_after_call(
+            cache, stream, layers, lower_out, positions, memory, memory_landmarks, fresh
+        )
 
-        for layer in range(cfg.lower_layers):
-            x, layer_cache = LowerBlock(cfg, name=f"lower_{layer}")(
-                x, buffer_positions, handle(layer)
+    @nn.nowrap
+    def _lower(self, x, stream: StreamLayout, writer: StreamWriter | None, layers):
+        """The lower decoder over the stream; returns its output and the window rings."""
+        for layer in range(self.config.lower_layers):
+            x, layer_cache = LowerBlock(self.config, name=f"lower_{layer}")(
+                x, stream.positions, _layer_handle(writer, layers, layer)
             )
             layers = None if layer_cache is None else layer_cache.layers
-        lower_out = x
+        return x, layers
 
-        # Encode the completed chunks from the lower outputs (earlier entries of the
-        # current chunk come from the cache).
-        chunk_positions = chunk_ids[..., None] * size + jnp.arange(size, dtype=jnp.int32)
+    @nn.nowrap
+    def _encode_chunks(self, x, stream: StreamLayout, cache: GCACache | None):
+        """Encodes the completed chunks from the lower outputs ``x`` (earlier entries of
+        the current chunk come from the cache).
+
+        Returns:
+            ``(keys, values, landmark_keys)``: ``[B, M, S, K, H]`` for the chunk memory
+            (the landmark slot zeroed) and ``[B, M, D]``.
+        """
+        cfg, size = self.config, self.config.chunk_size
+        start = stream.start
+        chunk_positions = stream.chunk_ids[..., None] * size + jnp.arange(size, dtype=jnp.int32)
         if cache is None:
             source, source_index = x, chunk_positions - start[:, None, None]
         else:
@@ -513,89 +572,73 @@ class GCA(nn.Module):
             keep = (jnp.arange(size) < size - 1)[None, None, :, None, None]
             return jnp.where(keep, projected, 0)  # the landmark slot: the softmax's "+1"
 
-        new_keys, new_values = chunk_projection("chunk_key"), chunk_projection("chunk_value")
-        if cache is None:
-            # Chunk j of the call is chunk j of the sequence (it starts at 0).
-            memory = (new_keys, new_values)
-            memory_landmarks = landmark_keys
-        else:
-            slot = jnp.where(chunk_valid, chunk_ids, cache.memory_keys.shape[1])
-            stores = ((cache.memory_keys, new_keys), (cache.memory_values, new_values))
-            if cfg.offload_memory:
-                memory = tuple(host_put_rows(stored, slot, new) for stored, new in stores)
-            else:
-                memory = tuple(
-                    stored.at[rows, slot].set(new.astype(stored.dtype), mode="drop")
-                    for stored, new in stores
-                )
-            memory_landmarks = cache.landmark_keys.at[rows, slot].set(
-                landmark_keys.astype(cache.landmark_keys.dtype), mode="drop"
-            )
+        return chunk_projection("chunk_key"), chunk_projection("chunk_value"), landmark_keys
 
+    @nn.nowrap
+    def _upper(self, x, stream: StreamLayout, cache, writer, layers, memory, memory_landmarks):
+        """The retrieval groups, each followed by its upper layers.
+
+        Returns:
+            ``(x, layers, fresh)``: the output ``[B, T'', D]`` (``T''``: the stream padded
+            to whole chunks without a cache), the window rings and the call's retrieval
+            ``(indices, weights)`` of each group.
+        """
+        cfg, size = self.config, self.config.chunk_size
+        batch, buffer_len = stream.positions.shape
         # GCA layout: whole chunks when the call starts at chunk 0 (a plain forward
         # pass), else one query chunk per entry. The retrieval serving chunk i is row
         # i - first_chunk of a table whose row 0 is the cached one (chunk first_chunk - 1).
         grid = cache is None
         padded_len = -(-buffer_len // size) * size if grid else buffer_len
         entry_positions = jnp.pad(
-            buffer_positions, ((0, 0), (0, padded_len - buffer_len)), constant_values=-1
+            stream.positions, ((0, 0), (0, padded_len - buffer_len)), constant_values=-1
         )
         if grid:
             table_rows = jnp.broadcast_to(
                 jnp.arange(padded_len // size), (batch, padded_len // size)
             )
         else:
-            table_rows = entry_positions // size - first_chunk[:, None]
-        table_rows = jnp.clip(table_rows, 0, max_landmarks)
+            table_rows = entry_positions // size - stream.first_chunk[:, None]
+        table_rows = jnp.clip(table_rows, 0, stream.chunk_ids.shape[1])
         x = jnp.pad(x, ((0, 0), (0, padded_len - buffer_len), (0, 0)))
         noise_rng = self.make_rng("train") if self.has_rng("train") else None
 
         fresh = []
         layer = cfg.lower_layers
         for group, num_layers in enumerate(cfg.upper_layers):
-            queries = _norm(cfg, f"landmark_norm_{group}")(_rows_take(x, landmark_entry))
+            queries = _norm(cfg, f"landmark_norm_{group}")(_rows_take(x, stream.landmark_entry))
             rng = None if noise_rng is None else jax.random.fold_in(noise_rng, group)
             indices, weights = retrieve(
-                queries, memory_landmarks, chunk_ids, chunk_valid, top_k=cfg.top_k, noise_rng=rng
+                queries,
+                memory_landmarks,
+                stream.chunk_ids,
+                stream.chunk_valid,
+                top_k=cfg.top_k,
+                noise_rng=rng,
             )
             fresh.append((indices, weights))
-            if cache is None:
-                before = (
-                    jnp.full((batch, 1, cfg.top_k), -1, jnp.int32),
-                    jnp.zeros((batch, 1, cfg.top_k), jnp.float32),
-                )
-            else:
-                held = jnp.mod(first_chunk - 1, 2)
-                serves = cache.retrieval_chunks[rows[:, 0], held] == first_chunk - 1
-                before_indices = cache.retrieval_indices[rows[:, 0], group, held]
-                before = (
-                    jnp.where(serves[:, None], before_indices, -1)[:, None],
-                    cache.retrieval_weights[rows[:, 0], group, held][:, None],
-                )
-            table = (
-                jnp.concatenate([before[0], indices], axis=1),
-                jnp.concatenate([before[1], weights], axis=1),
-            )
+            table = _retrieval_table(cfg, cache, stream, group, indices, weights)
             group_memory = memory
             if cache is not None and cfg.offload_memory:
-                # Only the chunks this call's table names come to the device, as a
-                # compact memory whose chunk r * top_k + k is the table's [r, k].
-                group_memory = tuple(host_take_rows(stored, table[0]) for stored in memory)
-                group_memory = tuple(m.reshape(batch, -1, *m.shape[3:]) for m in group_memory)
-                compact = jnp.arange(table[0].shape[1] * cfg.top_k, dtype=jnp.int32)
-                compact = compact.reshape(table[0].shape[1:])
-                table = (jnp.where(table[0] >= 0, compact, -1), table[1])
+                group_memory, table = _compact_memory(memory, table, cfg.top_k)
             retrieval = tuple(_rows_take(part, table_rows) for part in table)
             for index in range(num_layers):
                 x, layer_cache = UpperBlock(cfg, name=f"upper_{group}_{index}")(
-                    x, entry_positions, handle(layer), group_memory, retrieval, grid=grid
+                    x,
+                    entry_positions,
+                    _layer_handle(writer, layers, layer),
+                    group_memory,
+                    retrieval,
+                    grid=grid,
                 )
                 layers = None if layer_cache is None else layer_cache.layers
                 layer += 1
+        return x, layers, fresh
 
-        text_entries = jnp.where(real, text_index, 0)
-        if last_only:
-            text_entries = text_entries[:, -1:]
+    @nn.nowrap
+    def _logits(self, x, embed: Embed, text_entries):
+        """float32 ``[B, T, V]`` logits of the stream entries ``text_entries`` ``[B, T]``."""
+        cfg = self.config
         x = _rows_take(x, text_entries)
         x = _norm(cfg, "final_norm")(x)
         if cfg.tie_embeddings:
@@ -612,84 +655,7 @@ class GCA(nn.Module):
         # The landmark is never a text token: it gets no probability.
         is_landmark = jnp.arange(cfg.vocab_size) == cfg.landmark_id
         logits = jnp.where(is_landmark, jnp.finfo(jnp.float32).min, logits)
-        logits = nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
-        if cache is None:
-            return logits, None
-
-        fits = cache.can_append(length)
-        logits = jnp.where(fits[:, None, None], logits, jnp.nan)
-        return logits, _updated_cache(
-            cfg,
-            cache,
-            layers,
-            lower_out,
-            buffer_positions,
-            end,
-            positions,
-            memory,
-            memory_landmarks,
-            fresh,
-            chunk_ids,
-            chunk_valid,
-            num_landmarks,
-        )
-
-
-def _updated_cache(
-    cfg,
-    cache: GCACache,
-    layers,
-    lower_out,
-    buffer_positions,
-    end,
-    positions,
-    memory,
-    memory_landmarks,
-    fresh,
-    chunk_ids,
-    chunk_valid,
-    num_landmarks,
-) -> GCACache:
-    """The cache after a call (see ``GCA.__call__``)."""
-    batch, length = positions.shape
-    rows = jnp.arange(batch)[:, None]
-    window_keys, window_values = layers
-    hidden_size = cache.hidden.shape[1]
-    hidden = cache.hidden.at[rows, ring_slots(buffer_positions, end, hidden_size)].set(
-        lower_out.astype(cache.hidden.dtype), mode="drop"
-    )
-    # Retrievals of the last two chunks completed, at slot chunk % 2.
-    m = jnp.arange(chunk_ids.shape[1])[None, :]
-    keep = chunk_valid & (m >= num_landmarks[:, None] - 2)
-    slot = jnp.where(keep, jnp.mod(chunk_ids, 2), 2)
-    retrieval_indices, retrieval_weights = cache.retrieval_indices, cache.retrieval_weights
-    for group, (indices, weights) in enumerate(fresh):
-        retrieval_indices = retrieval_indices.at[rows, group, slot].set(indices, mode="drop")
-        retrieval_weights = retrieval_weights.at[rows, group, slot].set(weights, mode="drop")
-    retrieval_chunks = cache.retrieval_chunks.at[rows, slot].set(chunk_ids, mode="drop")
-    # Text positions of the last appended tokens, at slot append index % A.
-    recent = cache.recent_positions.shape[1]
-    order = cache.lengths[:, None] + jnp.arange(length, dtype=jnp.int32)[None, :]
-    recent_slots = jnp.where(
-        order >= cache.lengths[:, None] + length - recent, order % recent, recent
-    )
-    recent_positions = cache.recent_positions.at[rows, recent_slots].set(positions, mode="drop")
-    return cache.replace(
-        window_keys=window_keys,
-        window_values=window_values,
-        window_positions=ring_positions(cache.window_positions, buffer_positions, end),
-        hidden=hidden,
-        hidden_positions=ring_positions(cache.hidden_positions, buffer_positions, end),
-        memory_keys=memory[0],
-        memory_values=memory[1],
-        landmark_keys=memory_landmarks,
-        retrieval_indices=retrieval_indices,
-        retrieval_weights=retrieval_weights,
-        retrieval_chunks=retrieval_chunks,
-        recent_positions=recent_positions,
-        stream_lengths=end,
-        lengths=cache.lengths + length,
-    )
+        return nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
 
 
 def init_params(config: GCAConfig, rng: jax.Array):

@@ -6,6 +6,11 @@ its real nodes however much it is padded. The layers that update edge features
 (``GatedGCNLayer``, ``GPSLayer``) return ``(h', edges')`` instead. Letters as in
 ``batch.py``: ``B`` graphs, ``N`` nodes, ``E`` edges, ``D`` hidden width, ``G`` edge
 features, ``H`` heads, ``K`` width per head.
+
+Every parameter carries logical axis names (``lhc.parallel.LOGICAL_AXIS_RULES``): a
+layer's maps read ``embed`` and write ``mlp`` (the second map of an MLP reads ``mlp`` and
+writes ``embed``), attention weights are ``heads`` and ``kv``, norms ``norm``; the input
+features and the head's outputs are not split. Initialisations are flax's defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lhc.graphs.batch import Graphs, gather, in_degrees, mean_pool, scatter_sum
+from lhc.nn.linear import Einsum
 
 Dtype = Any
 
@@ -31,6 +37,32 @@ def _segment_max(scores: jax.Array, index: jax.Array, mask: jax.Array, num_nodes
     every score of the node and underflow its softmax)."""
     scores = jnp.where(mask[..., None], scores, -jnp.inf)
     return jax.vmap(lambda s, i: jax.ops.segment_max(s, i, num_segments=num_nodes))(scores, index)
+
+
+def _logical(init, axes):
+    return nn.with_logical_partitioning(init, axes)
+
+
+def _dense(features: int, axes, name: str, *, use_bias: bool = True, **precision) -> nn.Dense:
+    """``nn.Dense`` (its initialisation) with the kernel's axes named ``axes`` (in, out)
+    and the bias's by the output axis."""
+    return nn.Dense(
+        features,
+        use_bias=use_bias,
+        kernel_init=_logical(nn.initializers.lecun_normal(), axes),
+        bias_init=_logical(nn.initializers.zeros_init(), axes[1:]),
+        **precision,
+        name=name,
+    )
+
+
+def _layer_norm(name: str, **precision) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        scale_init=_logical(nn.initializers.ones_init(), ("norm",)),
+        bias_init=_logical(nn.initializers.zeros_init(), ("norm",)),
+        **precision,
+        name=name,
+    )
 
 
 def _require_edges(graphs: Graphs, layer: str) -> jax.Array:
@@ -51,9 +83,10 @@ class GCNLayer(nn.Module):
     def __call__(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         width = h.shape[-1]
         scale = jax.lax.rsqrt(in_degrees(graphs) + 1.0)[..., None]  # [B, N, 1]
-        projected = nn.Dense(
-            width, use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype, name="linear"
-        )(h)
+        projected = _dense(
+            width, ("embed", "mlp"), "linear", use_bias=False, dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )(h)  # fmt: skip
         scale = scale.astype(projected.dtype)
         sent = projected * scale
         received = scatter_sum(
@@ -61,7 +94,9 @@ class GCNLayer(nn.Module):
         )
         out = (received + sent) * scale
         if self.use_bias:
-            bias = self.param("bias", nn.initializers.zeros, (width,), self.param_dtype)
+            bias = self.param(
+                "bias", _logical(nn.initializers.zeros, ("mlp",)), (width,), self.param_dtype
+            )
             out = out + bias.astype(out.dtype)
         return _mask_nodes(out, graphs)
 
@@ -74,10 +109,9 @@ class _MLP(nn.Module):
 
     @nn.compact
     def __call__(self, h: jax.Array) -> jax.Array:
-        dense = lambda name: nn.Dense(  # noqa: E731
-            h.shape[-1], dtype=self.dtype, param_dtype=self.param_dtype, name=name
-        )
-        return dense("output")(nn.relu(dense("hidden")(h)))
+        precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        hidden = _dense(h.shape[-1], ("embed", "mlp"), "hidden", **precision)(h)
+        return _dense(h.shape[-1], ("mlp", "embed"), "output", **precision)(nn.relu(hidden))
 
 
 class GINLayer(nn.Module):
@@ -100,7 +134,9 @@ class GINLayer(nn.Module):
     def __call__(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         eps = self.eps
         if self.train_eps:
-            eps = self.param("eps", nn.initializers.constant(self.eps), (), self.param_dtype)
+            eps = self.param(
+                "eps", _logical(nn.initializers.constant(self.eps), ()), (), self.param_dtype
+            )
         received = scatter_sum(
             self._messages(graphs, h), graphs.receivers, graphs.edge_mask, graphs.num_nodes
         )
@@ -114,9 +150,10 @@ class GINELayer(GINLayer):
 
     def _messages(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         edges = _require_edges(graphs, "GINELayer")
-        edge_term = nn.Dense(
-            h.shape[-1], dtype=self.dtype, param_dtype=self.param_dtype, name="edge_linear"
-        )(edges)
+        edge_term = _dense(
+            h.shape[-1], ("embed", "mlp"), "edge_linear", dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )(edges)  # fmt: skip
         return nn.relu(gather(h, graphs.senders) + edge_term)
 
 
@@ -143,14 +180,12 @@ class GATLayer(nn.Module):
                 f"GATLayer: width {width} must be divisible by num_heads={self.num_heads}"
             )
         head_dim = width // self.num_heads
-        z = nn.DenseGeneral(
-            (self.num_heads, head_dim),
-            use_bias=False,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="linear",
-        )(h)  # [B, N, H, K]
-        init = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2)
+        z = Einsum(  # with nn.DenseGeneral's initialisation
+            (width, self.num_heads, head_dim), ("embed", "heads", "kv"), dtype=self.dtype,
+            param_dtype=self.param_dtype, name="linear",
+            kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2)),
+        )("BND,DHK->BNHK", h)  # fmt: skip
+        init = _logical(nn.initializers.lecun_normal(in_axis=-1, out_axis=-2), ("heads", "kv"))
         shape = (self.num_heads, head_dim)
         attend_source = self.param("attention_source", init, shape, self.param_dtype)
         attend_target = self.param("attention_target", init, shape, self.param_dtype)
@@ -194,7 +229,9 @@ class GATLayer(nn.Module):
             concat_heads(messages), graphs.receivers, graphs.edge_mask, graphs.num_nodes
         )
         out = out + concat_heads(self_attention[..., None].astype(z.dtype) * z)
-        bias = self.param("bias", nn.initializers.zeros, (width,), self.param_dtype)
+        bias = self.param(
+            "bias", _logical(nn.initializers.zeros, ("mlp",)), (width,), self.param_dtype
+        )
         return _mask_nodes(out + bias.astype(out.dtype), graphs)
 
 
@@ -224,9 +261,8 @@ class GatedGCNLayer(nn.Module):
     def __call__(self, graphs: Graphs, h: jax.Array) -> tuple[jax.Array, jax.Array]:
         edges = _require_edges(graphs, "GatedGCNLayer")
         width = h.shape[-1]
-        dense = lambda name: nn.Dense(  # noqa: E731
-            width, dtype=self.dtype, param_dtype=self.param_dtype, name=name
-        )
+        precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        dense = lambda name: _dense(width, ("embed", "mlp"), name, **precision)  # noqa: E731
         gate_scores = (
             gather(dense("gate_sender")(h), graphs.senders)
             + gather(dense("gate_receiver")(h), graphs.receivers)
@@ -243,9 +279,7 @@ class GatedGCNLayer(nn.Module):
         h_update = dense("update_self")(h) + gated / (gate_total + 1e-6)
         edge_update = gate_scores
         if self.layer_norm:
-            norm = lambda name: nn.LayerNorm(  # noqa: E731
-                dtype=self.dtype, param_dtype=self.param_dtype, name=name
-            )
+            norm = lambda name: _layer_norm(name, **precision)  # noqa: E731
             h_update, edge_update = norm("node_norm")(h_update), norm("edge_norm")(edge_update)
         h_update, edge_update = nn.relu(h_update), nn.relu(edge_update)
         if self.residual:
@@ -288,7 +322,7 @@ class GPSLayer(nn.Module):
                 f"{sorted(local_layers)}"
             )
         precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        norm = lambda name: nn.LayerNorm(**precision, name=name)  # noqa: E731
+        norm = lambda name: _layer_norm(name, **precision)  # noqa: E731
         width = h.shape[-1]
 
         local_layer = local_layers[self.local](**precision, name="local")
@@ -307,13 +341,18 @@ class GPSLayer(nn.Module):
             out_features=width,
             force_fp32_for_softmax=True,
             deterministic=True,
+            kernel_init=_logical(nn.initializers.lecun_normal(), ("embed", "heads", "kv")),
+            bias_init=_logical(nn.initializers.zeros_init(), ("heads", "kv")),
+            out_kernel_init=_logical(nn.initializers.lecun_normal(), ("heads", "kv", "embed")),
+            out_bias_init=_logical(nn.initializers.zeros_init(), ("embed",)),
             name="attention",
         )(h, mask=key_mask)
         h_global = norm("attention_norm")(h + attended)
 
         h = h_local + h_global
-        hidden = nn.relu(nn.Dense(self.mlp_ratio * width, **precision, name="mlp_hidden")(h))
-        h = norm("mlp_norm")(h + nn.Dense(width, **precision, name="mlp_output")(hidden))
+        hidden = _dense(self.mlp_ratio * width, ("embed", "mlp"), "mlp_hidden", **precision)(h)
+        out = _dense(width, ("mlp", "embed"), "mlp_output", **precision)(nn.relu(hidden))
+        h = norm("mlp_norm")(h + out)
         return _mask_nodes(h, graphs), edges
 
 
@@ -395,10 +434,11 @@ class GNN(nn.Module):
             raise ValueError(f"GNN: layer {name} needs edge features, got graphs.edges=None")
 
         precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        h = nn.Dense(self.hidden_dim, **precision, name="node_encoder")(graphs.nodes)
+        h = _dense(self.hidden_dim, (None, "embed"), "node_encoder", **precision)(graphs.nodes)
         h = _mask_nodes(h, graphs)
         if reads_edges:
-            edges = nn.Dense(self.hidden_dim, **precision, name="edge_encoder")(graphs.edges)
+            encoder = _dense(self.hidden_dim, (None, "embed"), "edge_encoder", **precision)
+            edges = encoder(graphs.edges)
             graphs = graphs.replace(edges=jnp.where(graphs.edge_mask[..., None], edges, 0))
 
         options = {
@@ -420,7 +460,8 @@ class GNN(nn.Module):
             return h
         # The head is made at init even when headless, so one set of params serves both.
         pooled = mean_pool(h, graphs.node_mask) if self.graph_level else h
-        out = nn.Dense(self.out_dim, **precision, name="head")(pooled).astype(jnp.float32)
+        out = _dense(self.out_dim, ("embed", None), "head", **precision)(pooled)
+        out = out.astype(jnp.float32)
         if headless:
             return h
         return out if self.graph_level else _mask_nodes(out, graphs)

@@ -62,6 +62,7 @@ from lhc.lm.decoding import (
     left_padded_positions,
     prefill,
 )
+from lhc.lm.factories import lm_config_from, transformer_from_config
 from lhc.lm.model import (
     Block,
     Transformer,
@@ -107,6 +108,9 @@ __all__ = [
     "LMConfig",
     "PRESETS",
     "get_preset",
+    # Model factories for lhc.train (config.model_factory).
+    "lm_config_from",
+    "transformer_from_config",
     # Model and parameters.
     "Block",
     "Transformer",

@@ -40,7 +40,7 @@ Caches of attention layers add the per-layer interface the ``Attention`` layer u
   layer's* key positions (so a cache may keep a different set of tokens in every
   layer), and the call's own keys.
 * ``writer.write(layers, layer, keys, values, after=attended) -> layers``: stores them,
-  after the attention output ``attended`` is computed (``lhc.nn.attention.after``):
+  after the attention output ``attended`` is computed (``lhc.nn.attention.ordered_after``):
   read first, then write in place.
 * ``finish_update(writer, layers) -> cache``: the cache after the call.
 
@@ -60,8 +60,7 @@ import numpy as np
 from flax import struct
 from jax.sharding import PartitionSpec
 
-from lhc.nn.attention import KVView, write_slots
-from lhc.nn.attention import after as after_
+from lhc.nn.attention import KVView, ordered_after, write_slots
 
 # Keys and values are stored heads-major, [B, K, S, H] per layer: a layer's keys for one
 # head are contiguous over slots, the operand layout of the attention matmuls. A model
@@ -171,7 +170,7 @@ class _KVWriter:
 
     def write(self, layers, layer, keys, values, *, after):
         return tuple(
-            put_slots(store, layer, self.slots, after_(new, after))
+            put_slots(store, layer, self.slots, ordered_after(new, after))
             for store, new in zip(layers, (keys, values))
         )
 
@@ -402,7 +401,7 @@ class _RingWriter:
     def write(self, layers, layer, keys, values, *, after):
         kept = self.slots.shape[1]
         return tuple(
-            put_slots(store, layer, self.slots, after_(new[:, -kept:], after))
+            put_slots(store, layer, self.slots, ordered_after(new[:, -kept:], after))
             for store, new in zip(layers, (keys, values))
         )
 

@@ -2,11 +2,14 @@
 
 from lhc.nn.attention import (
     Attention,
-    AttentionImpl,
     KVView,
     LayerCache,
     LayerWriter,
-    after,
+    ordered_after,
+    write_slots,
+)
+from lhc.nn.attention_ops import (
+    AttentionImpl,
     alibi_slopes,
     attention_impls,
     attention_mask,
@@ -14,7 +17,6 @@ from lhc.nn.attention import (
     banded_self_attention,
     dot_product_attention,
     register_attention_impl,
-    write_slots,
 )
 from lhc.nn.intervention import Edit, Intervention
 from lhc.nn.linear import Einsum, Embed
@@ -36,12 +38,13 @@ __all__ = [
     "KVView",
     "LayerCache",
     "LayerWriter",
+    "ordered_after",
+    "write_slots",
     # Interventions on activations.
     "Edit",
     "Intervention",
     # Attention functions and kernel dispatch.
     "AttentionImpl",
-    "after",
     "alibi_slopes",
     "attention_segments",
     "banded_self_attention",
@@ -49,7 +52,6 @@ __all__ = [
     "attention_mask",
     "dot_product_attention",
     "register_attention_impl",
-    "write_slots",
     # Rotary embeddings.
     "ROPE_TYPES",
     "apply_rope",

@@ -19,6 +19,16 @@ A config subclasses ``ModelConfig`` (as a frozen dataclass) and names its checks
             ...                       # what only this model needs
 
 Errors are ``ValueError``\\s that name ``Class.field``, what was expected and what came.
+
+``from_dict`` is the one place unknown keys are checked: model factories for
+``lhc.train`` (``config.model_factory``) build their config with it, from the
+``ml_collections.ConfigDict`` of ``config.model`` as it is::
+
+    def my_model_from_config(model_config):
+        try:
+            return MyModel(MyConfig.from_dict(model_config))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"config.model: {error}") from error
 """
 
 from __future__ import annotations
@@ -51,7 +61,9 @@ def unknown_keys_error(owner: str, unknown: list[str], known: list[str]) -> Valu
     for key in unknown:
         close = difflib.get_close_matches(key, known, n=1)
         hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return ValueError(f"unknown {owner} keys: {', '.join(hints)}; known: {', '.join(sorted(known))}")
+    return ValueError(
+        f"unknown {owner} keys: {', '.join(hints)}; known: {', '.join(sorted(known))}"
+    )
 
 
 class ModelConfig:
@@ -62,6 +74,8 @@ class ModelConfig:
     CHOICES: ClassVar[Mapping[str, tuple]] = {}
     DTYPES: ClassVar[tuple[str, ...]] = ()
     TUPLES: ClassVar[tuple[str, ...]] = ()
+    # What errors about unknown or missing keys call the config (default: the class name).
+    KEYS_NAME: ClassVar[str | None] = None
 
     def __post_init__(self):
         name = type(self).__name__
@@ -79,7 +93,9 @@ class ModelConfig:
                     f"{name}.{field} must be one of {options}, got {getattr(self, field)!r}"
                 )
         for field in self.DTYPES:
-            object.__setattr__(self, field, float_dtype_name(getattr(self, field), f"{name}.{field}"))
+            object.__setattr__(
+                self, field, float_dtype_name(getattr(self, field), f"{name}.{field}")
+            )
         for field in self.TUPLES:
             value = getattr(self, field)
             if isinstance(value, list):
@@ -93,7 +109,9 @@ class ModelConfig:
         """A copy with ``changes`` applied (validated again)."""
         unknown = sorted(set(changes) - set(self.field_names()))
         if unknown:
-            raise unknown_keys_error(type(self).__name__, unknown, self.field_names())
+            raise unknown_keys_error(
+                self.KEYS_NAME or type(self).__name__, unknown, self.field_names()
+            )
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,9 +129,26 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]):
-        """The config of a mapping (``to_dict``'s, a ``config.json``'s model section);
-        unknown keys raise ``ValueError`` naming the closest known ones."""
+        """The config of a mapping (``to_dict``'s, a ``config.json``'s model section) or
+        an ``ml_collections.ConfigDict`` (``config.model``); unknown keys raise
+        ``ValueError`` naming the closest known ones, and so do missing required ones."""
+        if not isinstance(values, Mapping) and callable(getattr(values, "to_dict", None)):
+            values = values.to_dict()  # a ConfigDict, nested ones included
+        if not isinstance(values, Mapping):
+            raise ValueError(
+                f"{cls.__name__}.from_dict needs a mapping of its fields, got "
+                f"{type(values).__name__}"
+            )
+        owner = cls.KEYS_NAME or cls.__name__
         unknown = sorted(set(values) - set(cls.field_names()))
         if unknown:
-            raise unknown_keys_error(cls.__name__, unknown, cls.field_names())
+            raise unknown_keys_error(owner, unknown, cls.field_names())
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise ValueError(f"missing {owner} keys: {', '.join(map(repr, missing))}")
         return cls(**dict(values))

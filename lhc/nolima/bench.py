@@ -1,4 +1,4 @@
-"""``lhc bench nolima``: a NoLiMa sweep (accuracy, base score, effective length) or throughput.
+"""NoLiMa: a sweep (accuracy, base score, effective length) or throughput.
 
 Sweep on a model trained on the generated world (``configs/nolima_world.py``)::
 

@@ -189,7 +189,7 @@ def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
 
 
 def _dense_attention(q, keys, values, positions, query_positions, *, scale):
-    from lhc.nn.attention import attention_segments
+    from lhc.nn.attention_ops import attention_segments
 
     return attention_segments(q, [(keys, values, positions)], query_positions, scale=scale)
 

@@ -47,8 +47,8 @@ from lhc.lm.cache import (
     checked_lengths,
     is_concrete,
 )
-from lhc.nn.attention import after as after_
-from lhc.nn.attention import attention_segments, write_slots
+from lhc.nn.attention import ordered_after, write_slots
+from lhc.nn.attention_ops import attention_segments
 from lhc.quantspec.quantize import Quantized, dequantize, quantize
 
 _CODES = ("k_upper", "k_lower", "v_upper", "v_lower")
@@ -84,7 +84,7 @@ class _QuantWriter:
         rows = jnp.arange(keys.shape[0])[:, None]
         for name, new in (("ring_k", keys), ("ring_v", values)):
             store = layers[name]
-            update = after_(new, after).astype(store.dtype)
+            update = ordered_after(new, after).astype(store.dtype)
             layers[name] = store.at[layer, rows, :, self.ring_writes].set(update)
         return layers
 

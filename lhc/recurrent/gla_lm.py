@@ -11,20 +11,20 @@ has zero keys and zero log-gates, so it leaves the state unchanged.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm, SwiGLU
+from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.scan import gla, gla_step
-from lhc.recurrent.stack import check_config, recurrent_lm_forward
+from lhc.recurrent.stack import recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
-class GLAConfig:
+class GLAConfig(ModelConfig):
     """Shape of a ``GLALM``.
 
     Attributes:
@@ -42,7 +42,9 @@ class GLAConfig:
         max_len: the longest sequence generation code should plan for.
         norm_eps: RMSNorm epsilon.
         tie_embeddings: the output projection is the embedding table.
-        dtype: compute dtype (the recurrence runs in float32).
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the
+            recurrence runs in float32).
+        param_dtype: storage dtype name of the parameters.
     """
 
     vocab_size: int
@@ -59,11 +61,16 @@ class GLAConfig:
     max_len: int = 1 << 20
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    dtype: Any = jnp.float32
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "num_heads", "key_dim", "value_dim",
+                "gate_rank", "mlp_dim", "chunk_size", "max_len")  # fmt: skip
+    NON_NEGATIVE = ("rollback",)
+    DTYPES = ("dtype", "param_dtype")
 
     def __post_init__(self):
-        check_config(self, positive=("vocab_size", "num_layers", "embed_dim", "num_heads",
-                     "key_dim", "value_dim", "gate_rank", "mlp_dim", "chunk_size", "max_len"))  # fmt: skip
+        super().__post_init__()
         if not self.gate_temperature > 0:
             raise ValueError(f"GLAConfig.gate_temperature must be > 0, got {self.gate_temperature}")
 
@@ -80,10 +87,12 @@ class GLALayer(nn.Module):
         state = None if states is None else states[0]
         h, dk, dv, d = c.num_heads, c.key_dim, c.value_dim, c.embed_dim
 
-        def proj(shape, axes, name, **kw):
-            return Einsum(shape, axes, dtype=c.dtype, name=name, **kw)
+        precision = dict(dtype=c.dtype, param_dtype=c.param_dtype)
 
-        y = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="attn_norm")(x)
+        def proj(shape, axes, name, **kw):
+            return Einsum(shape, axes, **precision, name=name, **kw)
+
+        y = RMSNorm(epsilon=c.norm_eps, **precision, name="attn_norm")(x)
         q = proj((d, h, dk), ("embed", "heads", "kv"), "q")("BTD,DHK->BTHK", y)
         k = proj((d, h, dk), ("embed", "heads", "kv"), "k")("BTD,DHK->BTHK", y)
         v = proj((d, h, dv), ("embed", "heads", "kv"), "v")("BTD,DHV->BTHV", y)
@@ -116,12 +125,14 @@ class GLALayer(nn.Module):
             outs.append(jnp.swapaxes(o, 0, 1))
             tail_states = jnp.swapaxes(states, 0, 1)
         o = jnp.concatenate(outs, axis=1)
-        o = RMSNorm(epsilon=c.norm_eps, dtype=jnp.float32, name="head_norm")(o)
+        o = RMSNorm(
+            epsilon=c.norm_eps, dtype=jnp.float32, param_dtype=c.param_dtype, name="head_norm"
+        )(o)
         r = proj((d, h, dv), ("embed", "heads", "kv"), "out_gate")("BTD,DHV->BTHV", y)
         o = (o * jax.nn.silu(r.astype(jnp.float32))).astype(c.dtype)
         x = x + proj((h, dv, d), ("heads", "kv", "embed"), "o", in_dims=2)("BTHV,HVD->BTD", o)
-        y = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="mlp_norm")(x)
-        x = x + SwiGLU(c.mlp_dim, dtype=c.dtype, name="mlp")(y)
+        y = RMSNorm(epsilon=c.norm_eps, **precision, name="mlp_norm")(x)
+        x = x + SwiGLU(c.mlp_dim, **precision, name="mlp")(y)
         return x, (head_end,), None if tail_states is None else (tail_states,)
 
 

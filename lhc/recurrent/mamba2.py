@@ -16,21 +16,21 @@ speculative rollback within them is exact.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm
+from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
-from lhc.recurrent.stack import check_config, recurrent_lm_forward
+from lhc.recurrent.stack import recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
-class Mamba2Config:
+class Mamba2Config(ModelConfig):
     """Shape of a ``Mamba2LM``.
 
     Attributes:
@@ -48,7 +48,9 @@ class Mamba2Config:
             not grow with it).
         norm_eps: RMSNorm epsilon.
         tie_embeddings: the output projection is the embedding table.
-        dtype: compute dtype (the SSD runs in float32).
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the SSD
+            runs in float32).
+        param_dtype: storage dtype name of the parameters.
     """
 
     vocab_size: int
@@ -64,11 +66,16 @@ class Mamba2Config:
     max_len: int = 1 << 20
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    dtype: Any = jnp.float32
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "expand", "head_dim", "state_dim",
+                "num_groups", "conv_width", "chunk_size", "max_len")  # fmt: skip
+    NON_NEGATIVE = ("rollback",)
+    DTYPES = ("dtype", "param_dtype")
 
     def __post_init__(self):
-        check_config(self, positive=("vocab_size", "num_layers", "embed_dim", "expand",
-                     "head_dim", "state_dim", "num_groups", "conv_width", "chunk_size", "max_len"))  # fmt: skip
+        super().__post_init__()
         if self.inner_dim % self.head_dim:
             raise ValueError(
                 f"Mamba2Config: expand * embed_dim = {self.inner_dim} must be a multiple of "
@@ -93,8 +100,8 @@ class Mamba2Config:
         return self.inner_dim + 2 * self.num_groups * self.state_dim
 
 
-def _param(module, name, init, shape, axes):
-    return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+def _param(module, name, init, shape, axes, param_dtype):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, param_dtype)
 
 
 class Mamba2Block(nn.Module):
@@ -124,26 +131,30 @@ class Mamba2Block(nn.Module):
         c = self.config
         conv_state, ssm_state = (None, None) if states is None else states
         h = c.num_heads
+        precision = dict(dtype=c.dtype, param_dtype=c.param_dtype)
+        param = lambda *args: _param(self, *args, c.param_dtype)  # noqa: E731
         in_proj = Einsum(
             (c.embed_dim, 2 * c.inner_dim + 2 * c.num_groups * c.state_dim + h),
-            ("embed", "mlp"), dtype=c.dtype, name="in_proj",
+            ("embed", "mlp"), **precision, name="in_proj",
         )  # fmt: skip
-        conv_weight = _param(self, "conv_weight", nn.initializers.lecun_normal(in_axis=0, out_axis=1),
-                             (c.conv_width, c.conv_dim), (None, "mlp"))  # fmt: skip
-        conv_bias = _param(self, "conv_bias", nn.initializers.zeros, (c.conv_dim,), ("mlp",))
-        a_log = _param(self, "A_log", lambda k, s, d: jnp.log(jnp.linspace(1.0, 16.0, s[0], dtype=d)),
-                       (h,), ("heads",))  # fmt: skip
-        skip = _param(self, "D", nn.initializers.ones, (h,), ("heads",))
+        conv_weight = param("conv_weight", nn.initializers.lecun_normal(in_axis=0, out_axis=1),
+                            (c.conv_width, c.conv_dim), (None, "mlp"))  # fmt: skip
+        conv_bias = param("conv_bias", nn.initializers.zeros, (c.conv_dim,), ("mlp",))
+        a_log = param("A_log", lambda k, s, d: jnp.log(jnp.linspace(1.0, 16.0, s[0], dtype=d)),
+                      (h,), ("heads",))  # fmt: skip
+        skip = param("D", nn.initializers.ones, (h,), ("heads",))
 
         def dt_bias_init(key, shape, dtype):  # softplus^-1 of dt in [1e-3, 1e-1], log-uniform
             dt = jnp.exp(jax.random.uniform(key, shape, dtype, jnp.log(1e-3), jnp.log(1e-1)))
             return dt + jnp.log(-jnp.expm1(-dt))
 
-        dt_bias = _param(self, "dt_bias", dt_bias_init, (h,), ("heads",))
-        norm = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="norm")
-        gated_norm = RMSNorm(epsilon=c.norm_eps, dtype=jnp.float32, name="gated_norm")
+        dt_bias = param("dt_bias", dt_bias_init, (h,), ("heads",))
+        norm = RMSNorm(epsilon=c.norm_eps, **precision, name="norm")
+        gated_norm = RMSNorm(
+            epsilon=c.norm_eps, dtype=jnp.float32, param_dtype=c.param_dtype, name="gated_norm"
+        )
         out_proj = Einsum(
-            (c.inner_dim, c.embed_dim), ("mlp", "embed"), dtype=c.dtype, name="out_proj"
+            (c.inner_dim, c.embed_dim), ("mlp", "embed"), **precision, name="out_proj"
         )
         a = -jnp.exp(a_log)
 

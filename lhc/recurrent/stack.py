@@ -1,5 +1,5 @@
-"""What the recurrent LMs share: config checks and the outer body of the forward pass
-(embedding, the layers with their states in ``RecurrentCache``, final norm, output head).
+"""What the recurrent LMs share: the outer body of the forward pass (embedding, the layers
+with their states in ``RecurrentCache``, final norm, output head).
 
 A layer is called as ``layer(x, real, states, tail)`` with ``states`` a tuple of its
 current states in ``state_names`` order (None without a cache) and returns ``(x,
@@ -18,18 +18,6 @@ from lhc.nn import Einsum, Embed, RMSNorm
 from lhc.recurrent.cache import RecurrentCache, layer_history
 
 
-def check_config(config, *, positive: Sequence[str]) -> None:
-    """Raises ValueError unless each of ``positive`` is an int >= 1 and ``rollback`` an
-    int >= 0, naming the config class and field."""
-    name = type(config).__name__
-    for field in positive:
-        value = getattr(config, field)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}.{field} must be a positive int, got {value!r}")
-    if not isinstance(config.rollback, int) or config.rollback < 0:
-        raise ValueError(f"{name}.rollback must be an int >= 0, got {config.rollback!r}")
-
-
 def recurrent_lm_forward(
     config,
     tokens,
@@ -44,7 +32,8 @@ def recurrent_lm_forward(
 
     Called from a linen module's compact ``__call__`` (the submodules it makes belong to
     that module). ``config`` has ``vocab_size``, ``embed_dim``, ``num_layers``,
-    ``norm_eps``, ``tie_embeddings`` and ``dtype``; ``make_layer(i)`` makes layer ``i``.
+    ``norm_eps``, ``tie_embeddings``, ``dtype`` and ``param_dtype``; ``make_layer(i)``
+    makes layer ``i``.
     Padding (position -1) is passed to the layers as ``real`` false; a broken cache
     (truncated past its rollback) gives NaN logits for that sequence.
     """
@@ -57,7 +46,7 @@ def recurrent_lm_forward(
     batch, t = tokens.shape
     if cache is not None:
         cache.validate_append(batch, t)
-    embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, name="embed")
+    embed = Embed(c.vocab_size, c.embed_dim, dtype=c.dtype, param_dtype=c.param_dtype, name="embed")
     x = embed.encode(tokens)
     real = positions >= 0
     tail = 0 if cache is None else min(cache.rollback, t)
@@ -72,14 +61,15 @@ def recurrent_lm_forward(
                 tail_i = None if tail_states is None else tail_states[i]
                 old = cache.states[name][layer]
                 history[name].append(layer_history(old, head_end[i], tail_i, cache.rollback))
-    x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, name="final_norm")(x)
+    x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, param_dtype=c.param_dtype, name="final_norm")(x)
     if last_only:
         x = x[:, -1:]
     if c.tie_embeddings:
         logits = embed.decode(x)
     else:
         logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
-                        out_dtype=jnp.float32, name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
+                        out_dtype=jnp.float32, param_dtype=c.param_dtype,
+                        name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
     logits = logits.astype(jnp.float32)
     if cache is None:
         return logits, None

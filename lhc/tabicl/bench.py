@@ -1,4 +1,4 @@
-"""``predict_proba`` time and peak memory of lhc against ``tabicl`` 0.1.4.
+"""TabICL: ``predict_proba`` time and peak memory of lhc against ``tabicl`` 0.1.4.
 
 Both run the same random weights (default TabICL config, every parameter perturbed),
 saved once as an official ``.ckpt`` (read by the reference) and converted to Orbax (read

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
+
+from lhc.nn.config import ModelConfig
 
 SKIP_VALUE = -100.0
 LAYER_NORM_EPS = 1e-5
@@ -14,8 +14,11 @@ ACTIVATIONS = ("gelu", "relu")
 
 
 @dataclasses.dataclass(frozen=True)
-class TabICLConfig:
+class TabICLConfig(ModelConfig):
     """Architecture of a TabICL model: the 15 constructor arguments of ``tabicl.TabICL``.
+
+    ``to_dict`` is those arguments as the reference takes them (and as its checkpoints
+    store them); ``from_dict`` reads a checkpoint's ``config``.
 
     Attributes:
         max_classes: classes the decoder predicts natively; more use the class hierarchy.
@@ -53,24 +56,18 @@ class TabICLConfig:
     activation: str = "gelu"
     norm_first: bool = True
 
+    POSITIVE = ("max_classes", "embed_dim", "col_num_blocks", "col_nhead", "col_num_inds",
+                "row_num_blocks", "row_nhead", "row_num_cls", "icl_num_blocks", "icl_nhead",
+                "ff_factor")  # fmt: skip
+    CHOICES = {"activation": ACTIVATIONS}
+    KEYS_NAME = "TabICL config"
+
     def __post_init__(self):
-        positive = (
-            "max_classes",
-            "embed_dim",
-            "col_num_blocks",
-            "col_nhead",
-            "col_num_inds",
-            "row_num_blocks",
-            "row_nhead",
-            "row_num_cls",
-            "icl_num_blocks",
-            "icl_nhead",
-            "ff_factor",
-        )
-        for name in positive:
+        for name in self.POSITIVE:  # numpy ints are accepted, and stored as ints
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"TabICLConfig.{name} must be a positive int, got {value!r}")
+            if isinstance(value, np.integer):
+                object.__setattr__(self, name, int(value))
+        super().__post_init__()
         if self.max_classes < 2:
             raise ValueError(f"TabICLConfig.max_classes must be >= 2, got {self.max_classes}")
         for name, heads, width in (
@@ -89,10 +86,6 @@ class TabICLConfig:
             raise ValueError(f"TabICLConfig.row_rope_base must be > 0, got {self.row_rope_base!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TabICLConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"TabICLConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
-            )
         if not isinstance(self.norm_first, bool):
             raise ValueError(f"TabICLConfig.norm_first must be a bool, got {self.norm_first!r}")
 
@@ -100,19 +93,3 @@ class TabICLConfig:
     def icl_dim(self) -> int:
         """D, the ICL width: the C CLS outputs of width E concatenated."""
         return self.embed_dim * self.row_num_cls
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TabICLConfig:
-        """Builds a config from a checkpoint's ``config`` dict; unknown keys are an error."""
-        if not isinstance(values, Mapping):
-            raise ValueError(f"a TabICL config must be a mapping, got {type(values).__name__}")
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown TabICL config keys {unknown}; expected a subset of {sorted(known)}"
-            )
-        return cls(**dict(values))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

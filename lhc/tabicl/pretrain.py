@@ -93,10 +93,9 @@ class PretrainTask(Task):
     """
 
     def make_model(self):
-        fields = dict(self.config.model)
         try:
-            model_config = TabICLConfig(**fields)
-        except TypeError as error:
+            model_config = TabICLConfig.from_dict(self.config.model)
+        except ValueError as error:
             raise ValueError(f"config.model: {error}") from error
         self.prior_config = prior_config_from(self.config)
         self._eval_cache = None  # (batch, baselines), built at the first evaluation

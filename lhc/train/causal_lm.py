@@ -2,13 +2,13 @@
 
 The model comes from a model factory: ``config.model_factory`` is an import path
 ``"package.module:function"`` to a function ``factory(config.model) -> nn.Module``
-(default ``transformer_from_config``, the ``lhc.lm.Transformer``). The module follows
-the causal-LM protocol, ``logits, cache = model.apply({"params": p}, tokens,
-positions)`` with ``tokens, positions: int32[B, T]`` and ``logits: float[B, T, V]``,
-so any causal LM (GCA, recurrent models) trains through this task by pointing
-``model_factory`` at its own builder. The data come from ``lhc.data.synthetic``. The
-loss is next-token cross-entropy restricted to the positions the generator marks
-(``weights``), so the chance level is known exactly.
+(default ``DEFAULT_MODEL_FACTORY``, ``lhc.lm.factories:transformer_from_config``: the
+``lhc.lm.Transformer``). The module follows the causal-LM protocol, ``logits, cache =
+model.apply({"params": p}, tokens, positions)`` with ``tokens, positions: int32[B, T]``
+and ``logits: float[B, T, V]``, so any causal LM (GCA, recurrent models) trains through
+this task by pointing ``model_factory`` at its own builder. The data come from
+``lhc.data.synthetic``. The loss is next-token cross-entropy restricted to the positions
+the generator marks (``weights``), so the chance level is known exactly.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lhc import lm
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
+
+# Methods import lm_config_from from here; runs recorded before the factory moved to
+# lhc.lm name "lhc.train.causal_lm:transformer_from_config" in their config.json.
+from lhc.lm.factories import lm_config_from, transformer_from_config  # noqa: F401
 from lhc.parallel import global_batch
 from lhc.train.tasks import Task, import_path, register_task
 
-DEFAULT_MODEL_FACTORY = "lhc.train.causal_lm:transformer_from_config"
+DEFAULT_MODEL_FACTORY = "lhc.lm.factories:transformer_from_config"
 
 _GENERATORS = {
     "associative_recall": synthetic.associative_recall,
@@ -52,21 +55,6 @@ def weighted_cross_entropy(logits, targets, weights):
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
     accuracy = (correct * weights).sum() / num_tokens
     return loss, accuracy, weights.sum()
-
-
-def transformer_from_config(model_config) -> lm.Transformer:
-    """The default model factory: ``lhc.lm.Transformer`` from a ConfigDict of its fields.
-
-    Args:
-      model_config: ``config.model``, the fields of ``lhc.lm.LMConfig``.
-
-    Returns:
-      The (unbound) Transformer.
-
-    Raises:
-      ValueError: when a field is unknown to ``lhc.lm.LMConfig``.
-    """
-    return lm.Transformer(lm_config_from(model_config))
 
 
 @register_task("causal_lm")
@@ -221,14 +209,3 @@ def chance_loss(data_config) -> float | None:
     if name == "copy":
         return math.log(data_config.vocab_size - 1)
     return None
-
-
-def lm_config_from(model_config) -> lm.LMConfig:
-    """``lhc.lm.LMConfig`` from a ConfigDict of its fields."""
-    fields = dict(model_config)
-    if fields.get("rope_scaling") is not None:
-        fields["rope_scaling"] = dict(fields["rope_scaling"])
-    try:
-        return lm.LMConfig(**fields)
-    except TypeError as error:
-        raise ValueError(f"config.model: {error}") from error

@@ -41,6 +41,14 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     return config
 
 
+def model_section(config_class, **values) -> ml_collections.ConfigDict:
+    """``config.model`` for a model config class (``lhc.nn.config.ModelConfig``): a config
+    file writes only what differs from the class's defaults, and the section holds every
+    field (the defaults filled in, checked by the class), so ``--config.model.X=...``
+    overrides any of them."""
+    return ml_collections.ConfigDict(config_class.from_dict(values).to_dict())
+
+
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     """Parses the string after the colon of ``--config file.py:arg``.
 

@@ -14,25 +14,27 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from lhc.dm.behaviour import (
+from lhc.dm.data import load_d4rl
+from lhc.dm.recipe import (
     DATASET_NAMES,
-    ReplayBuffer,
-    SACConfig,
     collect,
     complete_episode_returns,
     concatenate_datasets,
+    make_d4rl_datasets,
+    random_policy,
+    train_sac,
+)
+from lhc.dm.sac import (
+    ReplayBuffer,
+    SACConfig,
     create_sac_state,
     critic_target,
-    make_d4rl_datasets,
     polyak_update,
-    random_policy,
     sac_update,
     scale_action,
     squashed_gaussian_sample,
-    train_sac,
     unscale_action,
 )
-from lhc.dm.data import load_d4rl
 
 TINY = SACConfig(hidden_sizes=(16, 16), initial_alpha=0.3, gamma=0.9)
 

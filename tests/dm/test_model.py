@@ -1,6 +1,7 @@
 """Decision Transformer and Decision Mixer: the router's selection and capacity, the
 routed block against the block run on the gathered tokens, causality at inference."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +35,7 @@ def _model(**kwargs):
                       num_heads=2, max_ep_len=64, dropout=0.0, **kwargs)  # fmt: skip
     model = DecisionModel(config)
     inputs = _inputs()
-    params = model.init(jax.random.key(0), **inputs)["params"]
+    params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
     return model, params
 
 
@@ -203,3 +204,20 @@ def test_config_errors():
     model, params = _model(router=True)
     with pytest.raises(ValueError, match="selection: expected one of"):
         model.apply({"params": params}, **_inputs(), selection="random")
+
+
+@pytest.mark.parametrize("router", [False, True])
+def test_every_parameter_has_logical_axis_names(router):
+    """Each parameter is boxed with one name per axis, each name known to the sharding
+    rules, so the model shards with the same rules as every other lhc model."""
+    from lhc.parallel.mesh import LOGICAL_AXIS_RULES
+
+    config = DMConfig(state_dim=S, action_dim=A, context=K, embed_dim=16, num_layers=2,
+                      num_heads=2, max_ep_len=64, router=router)  # fmt: skip
+    boxed = DecisionModel(config).init(jax.random.key(0), **_inputs())["params"]
+    known = {name for name, _ in LOGICAL_AXIS_RULES}
+    leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(leaf, nn.Partitioned) for leaf in leaves)
+    for leaf in leaves:
+        assert len(leaf.names) == leaf.value.ndim
+        assert {name for name in leaf.names if name is not None} <= known

@@ -5,6 +5,7 @@ References are written here with dense adjacencies ``A[u, v] = 1`` for an edge u
 reading the weights from the layers' params; nothing is compared with lhc's own code.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,7 +53,7 @@ def _batch(adjacency, features, edge_features=None, *, max_nodes=8, max_edges=32
 
 def _init(module, graphs, *args, seed=0):
     """Params with every leaf (biases, eps too) drawn at random, so each term counts."""
-    params = module.init(jax.random.key(seed), graphs, *args)["params"]
+    params = nn.meta.unbox(module.init(jax.random.key(seed), graphs, *args)["params"])
     leaves, tree = jax.tree.flatten(params)
     rng = np.random.default_rng(seed + 100)
     leaves = [jnp.asarray(0.5 * rng.standard_normal(np.shape(x)), jnp.float32) for x in leaves]
@@ -313,7 +314,7 @@ def test_headless_returns_node_embeddings_with_the_same_params():
     adjacency, features, _ = _random_graph(9)
     graphs = _batch(adjacency, features)
     model = _model("gcn", graph_level=True)
-    params = model.init(jax.random.key(5), graphs, headless=True)["params"]
+    params = nn.meta.unbox(model.init(jax.random.key(5), graphs, headless=True)["params"])
     assert "head" in params
     embeddings = np.asarray(model.apply({"params": params}, graphs, headless=True))
     assert embeddings.shape == (1, NODES + 2, 8)
@@ -336,3 +337,20 @@ def test_errors_name_what_is_wrong():
         _model("gps", gps_local="gine").init(jax.random.key(0), graphs)
     with pytest.raises(ValueError, match="divisible by num_heads=3"):
         GATLayer(num_heads=3).init(jax.random.key(0), graphs, graphs.nodes)
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_every_parameter_has_logical_axis_names(layer):
+    """Each parameter is boxed with one name per axis, each known to the sharding rules."""
+    from lhc.parallel.mesh import LOGICAL_AXIS_RULES
+
+    adjacency, features, edge_features = _random_graph(6)
+    boxed = _model(layer, graph_level=True).init(
+        jax.random.key(0), _batch(adjacency, features, edge_features)
+    )["params"]
+    known = {name for name, _ in LOGICAL_AXIS_RULES}
+    leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(leaf, nn.Partitioned) for leaf in leaves)
+    for leaf in leaves:
+        assert len(leaf.names) == leaf.value.ndim
+        assert {name for name in leaf.names if name is not None} <= known

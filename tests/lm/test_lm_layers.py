@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lhc import lm
-from lhc.nn.attention import attention_segments
+from lhc.nn.attention_ops import attention_segments
 
 from .conftest import inv_frequencies, rms_norm, rotate
 

@@ -158,7 +158,7 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
 
         def write(self, layers, layer, keys, values, *, after):
             return tuple(
-                lnn.write_slots(store[layer], lnn.after(new, after), self.start)[None]
+                lnn.write_slots(store[layer], lnn.ordered_after(new, after), self.start)[None]
                 for store, new in zip(layers, (keys, values))
             )
 

@@ -147,7 +147,7 @@ def test_default_factory_is_the_lhc_transformer():
     for config in (explicit, implicit):
         model = _task(config).model
         assert isinstance(model, lm.Transformer)
-        assert model.config == causal_lm.lm_config_from(config.model)
+        assert model.config == lm.lm_config_from(config.model)
 
 
 def test_misspelled_factory_key_fails_on_the_locked_config():
