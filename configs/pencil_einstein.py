@@ -16,7 +16,7 @@ Sizes (the part after the colon):
 Flags: ``format=pencil|cot``, ``puzzle_size=3|4|5``, ``runlocal`` (a smoke test).
 """
 
-from lhc.pencil.config import sized_config
+from lhc.pencil.experiment import sized_config
 
 _SIZES = {
     # context, layers, heads, width, dropout, batch, steps, dtype, default puzzle size

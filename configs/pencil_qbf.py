@@ -12,7 +12,7 @@ Sizes (the part after the colon):
 Flags: ``format=pencil|cot``, ``num_vars=N``, ``runlocal`` (a smoke test).
 """
 
-from lhc.pencil.config import sized_config
+from lhc.pencil.experiment import sized_config
 
 _SIZES = {
     # context, layers, heads, width, dropout, batch, steps, dtype, default n

@@ -20,7 +20,7 @@ paper: 100 instances, temperature 0.8, top-k 200) and reports accuracy, trace ra
 the largest context and the tokens generated.
 """
 
-from lhc.pencil.config import sized_config
+from lhc.pencil.experiment import sized_config
 
 _SIZES = {
     # context, layers, heads, width, dropout, batch, steps, dtype, default n

@@ -6,7 +6,7 @@ r"""RAPID's paper setup on imported checkpoints, for a TPU or GPU host.
         --config.tokenizer=/ckpt/Llama-3.1-8B-Instruct/tokenizer.json \
         --config.data=/data/infbench_qa.jsonl
 
-The first prints the memory estimate of the setup (``lhc.rapid.memory``) for each context
+The first prints the memory estimate of the setup (``lhc.rapid.footprint``) for each context
 length in ``contexts``; the second also runs target-only, RAG-only and RAPID on the JSONL
 file (one object per line: ``context``, ``question``, ``answers``, a list of strings; a
 generation is right when it contains one of them) and prints accuracy, tokens/s and

@@ -38,6 +38,11 @@ order with positions that need not equal slot indices (left padding, rings, rewo
 re-appended spans). A causal mask by index is wrong there, and a full ``[T, S]`` bias is
 the memory this op exists to avoid; the position mask is computed in the kernel from two
 integer vectors instead.
+
+Files: this one holds the public function, the custom_vjp and its dispatch, the XLA path
+and the reference (last); `flash_attention_tpu` the Mosaic kernels,
+`flash_attention_gpu` the Triton kernels, and `_flash_attention_common` the mask and
+block-skipping helpers that all three implementations share.
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
+from kernels_pallas import flash_attention_gpu, flash_attention_tpu
 from kernels_pallas._common import (
     DEFAULT_MASK_VALUE,
     MIN_TRITON_DOT_DIM,
@@ -60,17 +65,9 @@ from kernels_pallas._common import (
     NUM_SUBLANES,
     check_impl,
     check_scale,
-    gpu_compiler_params,
     resolve_backend,
 )
-from kernels_pallas._common import NN as _NN
-from kernels_pallas._common import NT as _NT
-from kernels_pallas._common import TN as _TN
-from kernels_pallas._common import matmul as _matmul
-
-# Block statistics for blocks without a valid position: min = this, max = -1, so such a
-# block never passes `_blocks_may_interact`.
-_NO_POSITION = int(np.iinfo(np.int32).max)
+from kernels_pallas._flash_attention_common import block_bounds, blocks_may_interact, visible
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +316,11 @@ def _attention_bwd(config, residuals, d_out):
     # delta = rowsum(dO * O) is the softmax-Jacobian term of FlashAttention-2; one cheap
     # elementwise XLA fusion, so no preprocessing kernel. Shape [B, N, T], like lse.
     delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    backward = {"xla": _xla_backward, "tpu": _tpu_backward, "gpu": _gpu_backward}[config.backend]
+    backward = {
+        "xla": _xla_backward,
+        "tpu": flash_attention_tpu.backward,
+        "gpu": flash_attention_gpu.backward,
+    }[config.backend]
     d_query, d_key, d_value = backward(
         query, key, value, query_positions, key_positions, d_out, lse, delta, config
     )
@@ -332,75 +333,12 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 def _forward(query, key, value, query_positions, key_positions, config):
     """Returns (out [B, T, N, H] in query.dtype, lse [B, N, T] float32)."""
-    forward = {"xla": _xla_forward, "tpu": _tpu_forward, "gpu": _gpu_forward}[config.backend]
+    forward = {
+        "xla": _xla_forward,
+        "tpu": flash_attention_tpu.forward,
+        "gpu": flash_attention_gpu.forward,
+    }[config.backend]
     return forward(query, key, value, query_positions, key_positions, config)
-
-
-# --------------------------------------------------------------------------------------
-# Pieces shared by the implementations (not by the reference).
-# --------------------------------------------------------------------------------------
-
-
-def _probs_and_dscores(q, k, v, d_out, lse, delta, mask, scale):
-    """FlashAttention-2 backward of one tile pair: recomputed probabilities and dS.
-
-    Args:
-        q, d_out: [bq, H]; k, v: [bk, H].
-        lse, delta: float32 [bq, 1], the row log-sum-exp and rowsum(dO * O).
-        mask: bool [bq, bk].
-        scale: the score scale.
-
-    Returns:
-        probs float32 [bq, bk], and d_scores [bq, bk] in q's dtype, already multiplied by
-        scale (so dq = d_scores @ k and dk = d_scores.T @ q).
-    """
-    scores = _matmul(q, k, _NT) * scale
-    # The inner where keeps exp's argument finite for masked entries (lse is -inf on rows
-    # that see nothing); the outer one zeroes them.
-    probs = jnp.where(mask, jnp.exp(jnp.where(mask, scores, 0.0) - lse), 0.0)
-    d_probs = _matmul(d_out, v, _NT)
-    d_scores = (probs * (d_probs - delta) * scale).astype(q.dtype)
-    return probs, d_scores
-
-
-def _visible(q_pos, k_pos, window):
-    """Elementwise mask of the module docstring; q_pos and k_pos broadcast together."""
-    mask = (k_pos >= 0) & (q_pos >= 0) & (k_pos <= q_pos)
-    if window is not None:
-        mask &= q_pos - k_pos < window
-    return mask
-
-
-def _block_bounds(positions, block):
-    """Per block, the smallest and largest valid position.
-
-    Args:
-        positions: int32 [B, L] with L a multiple of block.
-        block: block length.
-
-    Returns:
-        (min_position, max_position), int32 [B, L // block] each; a block without a valid
-        position gets (_NO_POSITION, -1).
-    """
-    batch, length = positions.shape
-    blocks = positions.reshape(batch, length // block, block)
-    valid = blocks >= 0
-    min_position = jnp.min(jnp.where(valid, blocks, _NO_POSITION), axis=-1)
-    max_position = jnp.max(jnp.where(valid, blocks, -1), axis=-1)
-    return min_position, max_position
-
-
-def _blocks_may_interact(q_min, q_max, k_min, k_max, window):
-    """False only if no query of the block can see any key of the block.
-
-    A visible pair has 0 <= k_pos <= q_pos (so k_min <= q_max) and, with a window,
-    q_pos - k_pos < window (so k_max > q_min - window): skipping when either bound fails
-    never drops a visible pair. Empty blocks fail the first test by construction.
-    """
-    may_interact = k_min <= q_max
-    if window is not None:
-        may_interact &= k_max > q_min - window
-    return may_interact
 
 
 # --------------------------------------------------------------------------------------
@@ -420,8 +358,8 @@ def _xla_blocks(query, key, value, query_positions, key_positions, config):
     bq, bk = config.block_q, config.block_k
     nq, nk = seq_len_q // bq, seq_len_k // bk
     kv = lambda x: x.reshape(batch, nk, bk, num_kv_heads, head_dim).transpose(1, 0, 3, 2, 4)
-    q_min, q_max = _block_bounds(query_positions, bq)
-    k_min, k_max = _block_bounds(key_positions, bk)
+    q_min, q_max = block_bounds(query_positions, bq)
+    k_min, k_max = block_bounds(key_positions, bk)
     return dict(
         q=query.reshape(batch, nq, bq, num_kv_heads, group, head_dim).transpose(1, 0, 3, 4, 2, 5),
         k=kv(key),
@@ -441,7 +379,7 @@ def _xla_scores(q_block, k_block, q_pos, k_pos, config):
         jnp.einsum("bkgqh,bksh->bkgqs", q_block, k_block, preferred_element_type=jnp.float32)
         * config.scale
     )
-    mask = _visible(q_pos[:, None, None, :, None], k_pos[:, None, None, None, :], config.window)
+    mask = visible(q_pos[:, None, None, :, None], k_pos[:, None, None, None, :], config.window)
     return scores, mask
 
 
@@ -477,7 +415,7 @@ def _xla_forward(query, key, value, query_positions, key_positions, config):
 
             # A conditional, not a select: a skipped pair of blocks costs no matmul. Any row
             # of the batch that may interact runs the block for all rows (the mask is exact).
-            may_interact = jnp.any(_blocks_may_interact(q_min, q_max, k_min, k_max, config.window))
+            may_interact = jnp.any(blocks_may_interact(q_min, q_max, k_min, k_max, config.window))
             return lax.cond(may_interact, update, lambda carry: carry, carry), None
 
         init = (
@@ -554,7 +492,7 @@ def _xla_backward(query, key, value, query_positions, key_positions, d_out, lse,
             def skip(carry):
                 return carry, jnp.zeros(q_block.shape, jnp.float32)
 
-            may_interact = jnp.any(_blocks_may_interact(q_min, q_max, k_min, k_max, config.window))
+            may_interact = jnp.any(blocks_may_interact(q_min, q_max, k_min, k_max, config.window))
             return lax.cond(may_interact, contributions, skip, carry)
 
         kv_shape = (batch, num_kv_heads, config.block_k, head_dim)
@@ -583,725 +521,6 @@ def _xla_backward(query, key, value, query_positions, key_positions, d_out, lse,
         from_kv_blocks(d_key).astype(key.dtype),
         from_kv_blocks(d_value).astype(value.dtype),
     )
-
-
-# --------------------------------------------------------------------------------------
-# impl="pallas", backend="tpu": Mosaic kernels.
-#
-# Layout: q, o, dq as [B, K, G, T, H] (a free reshape of [B, N, T, H]); k, v, dk, dv as
-# [B, K, S, H]. The grid is (batch, kv head, query block, key block) for the forward and
-# dq kernels and (batch, kv head, key block, query block) for the dk/dv kernel, the last
-# axis sequential ("arbitrary") and accumulating into VMEM scratch. One query tile holds
-# the G query heads of a kv head, so each key/value tile is copied into VMEM once per
-# group and reused by its G heads. Query positions come lane-broadcast [B, T, 128] and
-# key positions sublane-broadcast [B, 8, S] (so each block is a whole (8, 128) tile);
-# per-block position bounds are scalar-prefetched into SMEM to skip blocks that cannot
-# interact.
-#
-# Backward: two kernels (dq; dk and dv) rather than one. A fused kernel would have to
-# accumulate dq across the sequential key-block axis of a (.., key block, query block)
-# grid, which Pallas TPU output blocks cannot do (a block is written back when its index
-# changes); the price of two kernels is computing the scores twice.
-# --------------------------------------------------------------------------------------
-
-
-def _tpu_layout(query, key, value):
-    batch, seq_len_q, num_heads, head_dim = query.shape
-    num_kv_heads = key.shape[2]
-    group = num_heads // num_kv_heads
-    q = query.transpose(0, 2, 1, 3).reshape(batch, num_kv_heads, group, seq_len_q, head_dim)
-    return q, key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
-
-
-def _tpu_position_inputs(query_positions, key_positions, config):
-    """Scalar-prefetch block bounds (flat, for SMEM) and the broadcast position arrays."""
-    q_min, q_max = _block_bounds(query_positions, config.block_q)
-    k_min, k_max = _block_bounds(key_positions, config.block_k)
-    batch, seq_len_q = query_positions.shape
-    seq_len_k = key_positions.shape[1]
-    # 1-D: a multi-dimensional SMEM array is padded per row.
-    bounds = tuple(x.reshape(-1) for x in (q_min, q_max, k_min, k_max))
-    q_pos_lanes = jnp.broadcast_to(query_positions[:, :, None], (batch, seq_len_q, NUM_LANES))
-    k_pos_sublanes = jnp.broadcast_to(key_positions[:, None, :], (batch, NUM_SUBLANES, seq_len_k))
-    return bounds, q_pos_lanes, k_pos_sublanes
-
-
-def _tpu_may_interact(
-    bounds_refs, batch_index, q_block_index, k_block_index, num_q_blocks, num_k_blocks, window
-):
-    q_min_ref, q_max_ref, k_min_ref, k_max_ref = bounds_refs
-    q_flat = batch_index * num_q_blocks + q_block_index
-    k_flat = batch_index * num_k_blocks + k_block_index
-    return _blocks_may_interact(
-        q_min_ref[q_flat], q_max_ref[q_flat], k_min_ref[k_flat], k_max_ref[k_flat], window
-    )
-
-
-def _tpu_block_mask(q_pos_ref, k_pos_ref, window):
-    """[block_q, block_k] mask from a lane-broadcast and a sublane-broadcast tile."""
-    return _visible(q_pos_ref[:, 0:1], k_pos_ref[0:1, :], window)
-
-
-def _tpu_forward_kernel(
-    # Scalar prefetch (SMEM): per-block position bounds, flat over (batch, block).
-    q_min_ref,
-    q_max_ref,
-    k_min_ref,
-    k_max_ref,
-    # Input blocks.
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    # Output blocks.
-    o_ref,
-    lse_ref,
-    # VMEM scratch, carried across the key blocks.
-    m_scratch,
-    l_scratch,
-    acc_scratch,
-    *,
-    scale,
-    window,
-    group,
-    num_q_blocks,
-    num_k_blocks,
-):
-    """One (batch, kv head, query block, key block) step of the online softmax.
-
-    Blocks: q_pos [bq, 128], k_pos [8, bk], q [G, bq, H], k and v [bk, H], o [G, bq, H],
-    lse [G, bq, 128]; scratch m and l [G, bq, 1], acc [G, bq, H], all float32.
-    """
-    batch_index, q_block_index, k_block_index = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-
-    @pl.when(k_block_index == 0)
-    def init():
-        m_scratch[...] = jnp.full(m_scratch.shape, DEFAULT_MASK_VALUE, jnp.float32)
-        l_scratch[...] = jnp.zeros(l_scratch.shape, jnp.float32)
-        acc_scratch[...] = jnp.zeros(acc_scratch.shape, jnp.float32)
-
-    may_interact = _tpu_may_interact(
-        (q_min_ref, q_max_ref, k_min_ref, k_max_ref),
-        batch_index,
-        q_block_index,
-        k_block_index,
-        num_q_blocks,
-        num_k_blocks,
-        window,
-    )
-
-    @pl.when(may_interact)
-    def update():
-        mask = _tpu_block_mask(q_pos_ref, k_pos_ref, window)  # shared by the G heads
-        k, v = k_ref[...], v_ref[...]
-        for head in range(group):  # static: G matmuls against the same VMEM k and v tiles
-            scores = _matmul(q_ref[head], k, _NT)
-            scores = jnp.where(mask, scores * scale, DEFAULT_MASK_VALUE)
-            m_prev = m_scratch[head]
-            m_next = jnp.maximum(m_prev, scores.max(axis=1, keepdims=True))
-            correction = jnp.exp(m_prev - m_next)
-            probs = jnp.where(mask, jnp.exp(scores - m_next), 0.0)
-            l_scratch[head] = correction * l_scratch[head] + probs.sum(axis=1, keepdims=True)
-            acc_scratch[head] = correction * acc_scratch[head] + _matmul(
-                probs.astype(v.dtype), v, _NN
-            )
-            m_scratch[head] = m_next
-
-    @pl.when(k_block_index == num_k_blocks - 1)
-    def finalize():
-        for head in range(group):
-            row_sum = l_scratch[head]
-            has_keys = row_sum > 0
-            row_sum_safe = jnp.where(has_keys, row_sum, 1.0)
-            o_ref[head] = (acc_scratch[head] / row_sum_safe).astype(o_ref.dtype)
-            lse = jnp.where(has_keys, m_scratch[head] + jnp.log(row_sum_safe), -jnp.inf)
-            lse_ref[head] = jnp.broadcast_to(lse, lse_ref.shape[1:])
-
-
-def _tpu_forward(query, key, value, query_positions, key_positions, config):
-    batch, seq_len_q, num_heads, head_dim = query.shape
-    seq_len_k, num_kv_heads = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    bq, bk = config.block_q, config.block_k
-    nq, nk = seq_len_q // bq, seq_len_k // bk
-    q, k, v = _tpu_layout(query, key, value)
-    bounds, q_pos_lanes, k_pos_sublanes = _tpu_position_inputs(
-        query_positions, key_positions, config
-    )
-
-    # Index maps receive the grid indices, then the scalar-prefetch refs.
-    q_spec = pl.BlockSpec((None, None, group, bq, head_dim), lambda b, h, i, j, *_: (b, h, 0, i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, head_dim), lambda b, h, i, j, *_: (b, h, j, 0))
-    in_specs = [
-        pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, i, 0)),
-        pl.BlockSpec((None, NUM_SUBLANES, bk), lambda b, h, i, j, *_: (b, 0, j)),
-        q_spec,
-        kv_spec,
-        kv_spec,
-    ]
-    out_specs = [
-        q_spec,
-        pl.BlockSpec((None, None, group, bq, NUM_LANES), lambda b, h, i, j, *_: (b, h, 0, i, 0)),
-    ]
-    out_shape = [
-        jax.ShapeDtypeStruct(q.shape, query.dtype),
-        jax.ShapeDtypeStruct((batch, num_kv_heads, group, seq_len_q, NUM_LANES), jnp.float32),
-    ]
-    kernel = functools.partial(
-        _tpu_forward_kernel,
-        scale=config.scale,
-        window=config.window,
-        group=group,
-        num_q_blocks=nq,
-        num_k_blocks=nk,
-    )
-    out, lse = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(bounds),
-            grid=(batch, num_kv_heads, nq, nk),
-            in_specs=in_specs,
-            out_specs=out_specs,
-            scratch_shapes=[
-                pltpu.VMEM((group, bq, 1), jnp.float32),  # running max
-                pltpu.VMEM((group, bq, 1), jnp.float32),  # running sum
-                pltpu.VMEM((group, bq, head_dim), jnp.float32),  # output accumulator
-            ],
-        ),
-        out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
-        ),
-        interpret=config.interpret,
-        name="flash_attention_fwd",
-    )(*bounds, q_pos_lanes, k_pos_sublanes, q, k, v)
-    out = out.reshape(batch, num_heads, seq_len_q, head_dim).transpose(0, 2, 1, 3)
-    # The lane-broadcast lse only lives until this slice; the residual is [B, N, T].
-    return out, lse[..., 0].reshape(batch, num_heads, seq_len_q)
-
-
-def _tpu_dq_kernel(
-    # Scalar prefetch (SMEM), as in the forward kernel.
-    q_min_ref,
-    q_max_ref,
-    k_min_ref,
-    k_max_ref,
-    # Input blocks.
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    d_out_ref,
-    lse_ref,
-    delta_ref,
-    # Output block, then its float32 accumulator.
-    dq_ref,
-    dq_scratch,
-    *,
-    scale,
-    window,
-    group,
-    num_q_blocks,
-    num_k_blocks,
-):
-    """dq of one query tile, accumulated over the key blocks (last grid axis).
-
-    Blocks: q, d_out, dq [G, bq, H]; lse and delta [G, bq, 128]; k, v [bk, H].
-    """
-    batch_index, q_block_index, k_block_index = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-
-    @pl.when(k_block_index == 0)
-    def init():
-        dq_scratch[...] = jnp.zeros(dq_scratch.shape, jnp.float32)
-
-    may_interact = _tpu_may_interact(
-        (q_min_ref, q_max_ref, k_min_ref, k_max_ref),
-        batch_index,
-        q_block_index,
-        k_block_index,
-        num_q_blocks,
-        num_k_blocks,
-        window,
-    )
-
-    @pl.when(may_interact)
-    def update():
-        mask = _tpu_block_mask(q_pos_ref, k_pos_ref, window)
-        k, v = k_ref[...], v_ref[...]
-        for head in range(group):
-            _, d_scores = _probs_and_dscores(
-                q_ref[head],
-                k,
-                v,
-                d_out_ref[head],
-                lse_ref[head][:, 0:1],
-                delta_ref[head][:, 0:1],
-                mask,
-                scale,
-            )
-            dq_scratch[head] += _matmul(d_scores, k, _NN)
-
-    @pl.when(k_block_index == num_k_blocks - 1)
-    def finalize():
-        dq_ref[...] = dq_scratch[...].astype(dq_ref.dtype)
-
-
-def _tpu_dkv_kernel(
-    # Scalar prefetch (SMEM), as in the forward kernel.
-    q_min_ref,
-    q_max_ref,
-    k_min_ref,
-    k_max_ref,
-    # Input blocks, as for the dq kernel.
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    d_out_ref,
-    lse_ref,
-    delta_ref,
-    # Output blocks, then their float32 accumulators.
-    dk_ref,
-    dv_ref,
-    dk_scratch,
-    dv_scratch,
-    *,
-    scale,
-    window,
-    group,
-    num_q_blocks,
-    num_k_blocks,
-):
-    """dk and dv of one key tile, summed over the G heads and the query blocks (last axis)."""
-    batch_index, k_block_index, q_block_index = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-
-    @pl.when(q_block_index == 0)
-    def init():
-        dk_scratch[...] = jnp.zeros(dk_scratch.shape, jnp.float32)
-        dv_scratch[...] = jnp.zeros(dv_scratch.shape, jnp.float32)
-
-    may_interact = _tpu_may_interact(
-        (q_min_ref, q_max_ref, k_min_ref, k_max_ref),
-        batch_index,
-        q_block_index,
-        k_block_index,
-        num_q_blocks,
-        num_k_blocks,
-        window,
-    )
-
-    @pl.when(may_interact)
-    def update():
-        mask = _tpu_block_mask(q_pos_ref, k_pos_ref, window)
-        k, v = k_ref[...], v_ref[...]
-        for head in range(group):
-            q, d_out = q_ref[head], d_out_ref[head]
-            probs, d_scores = _probs_and_dscores(
-                q, k, v, d_out, lse_ref[head][:, 0:1], delta_ref[head][:, 0:1], mask, scale
-            )
-            dv_scratch[...] += _matmul(probs.astype(d_out.dtype), d_out, _TN)
-            dk_scratch[...] += _matmul(d_scores, q, _TN)
-
-    @pl.when(q_block_index == num_q_blocks - 1)
-    def finalize():
-        dk_ref[...] = dk_scratch[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_scratch[...].astype(dv_ref.dtype)
-
-
-def _tpu_backward(query, key, value, query_positions, key_positions, d_out, lse, delta, config):
-    batch, seq_len_q, num_heads, head_dim = query.shape
-    seq_len_k, num_kv_heads = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    bq, bk = config.block_q, config.block_k
-    nq, nk = seq_len_q // bq, seq_len_k // bk
-    q, k, v = _tpu_layout(query, key, value)
-    d_out = d_out.transpose(0, 2, 1, 3).reshape(q.shape)
-    # Row statistics lane-broadcast again, only for the duration of the backward kernels.
-    rows = lambda x: jnp.broadcast_to(
-        x.reshape(batch, num_kv_heads, group, seq_len_q, 1),
-        (batch, num_kv_heads, group, seq_len_q, NUM_LANES),
-    )
-    lse, delta = rows(lse), rows(delta)
-    bounds, q_pos_lanes, k_pos_sublanes = _tpu_position_inputs(
-        query_positions, key_positions, config
-    )
-    kernel_args = dict(
-        scale=config.scale, window=config.window, group=group, num_q_blocks=nq, num_k_blocks=nk
-    )
-    compiler_params = pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
-    )
-
-    def specs(q_index, k_index):
-        """Input specs for a grid whose (query block, key block) indices the two maps pick."""
-        q_map = lambda b, h, i, j, *_: (b, h, 0, q_index(i, j), 0)
-        kv_map = lambda b, h, i, j, *_: (b, h, k_index(i, j), 0)
-        q_spec = pl.BlockSpec((None, None, group, bq, head_dim), q_map)
-        row_spec = pl.BlockSpec((None, None, group, bq, NUM_LANES), q_map)
-        kv_spec = pl.BlockSpec((None, None, bk, head_dim), kv_map)
-        return (
-            [
-                pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, q_index(i, j), 0)),
-                pl.BlockSpec(
-                    (None, NUM_SUBLANES, bk), lambda b, h, i, j, *_: (b, 0, k_index(i, j))
-                ),
-                q_spec,
-                kv_spec,
-                kv_spec,
-                q_spec,
-                row_spec,
-                row_spec,
-            ],
-            q_spec,
-            kv_spec,
-        )
-
-    inputs = (*bounds, q_pos_lanes, k_pos_sublanes, q, k, v, d_out, lse, delta)
-
-    dq_in_specs, dq_spec, _ = specs(lambda i, j: i, lambda i, j: j)
-    dq = pl.pallas_call(
-        functools.partial(_tpu_dq_kernel, **kernel_args),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(bounds),
-            grid=(batch, num_kv_heads, nq, nk),
-            in_specs=dq_in_specs,
-            out_specs=dq_spec,
-            scratch_shapes=[pltpu.VMEM((group, bq, head_dim), jnp.float32)],
-        ),
-        out_shape=jax.ShapeDtypeStruct(q.shape, query.dtype),
-        compiler_params=compiler_params,
-        interpret=config.interpret,
-        name="flash_attention_bwd_dq",
-    )(*inputs)
-
-    # Grid (batch, kv head, key block, query block): i indexes keys, j queries.
-    dkv_in_specs, _, dkv_spec = specs(lambda i, j: j, lambda i, j: i)
-    dk, dv = pl.pallas_call(
-        functools.partial(_tpu_dkv_kernel, **kernel_args),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(bounds),
-            grid=(batch, num_kv_heads, nk, nq),
-            in_specs=dkv_in_specs,
-            out_specs=[dkv_spec, dkv_spec],
-            scratch_shapes=[pltpu.VMEM((bk, head_dim), jnp.float32)] * 2,
-        ),
-        out_shape=[
-            jax.ShapeDtypeStruct(k.shape, key.dtype),
-            jax.ShapeDtypeStruct(v.shape, value.dtype),
-        ],
-        compiler_params=compiler_params,
-        interpret=config.interpret,
-        name="flash_attention_bwd_dkv",
-    )(*inputs)
-    dq = dq.reshape(batch, num_heads, seq_len_q, head_dim).transpose(0, 2, 1, 3)
-    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
-
-
-# --------------------------------------------------------------------------------------
-# impl="pallas", backend="gpu": Triton kernels.
-#
-# Layout: q, o, dq, d_out stay [B, T, N, H] and k, v, dk, dv [B, S, K, H], with H padded
-# to a power of two (Triton tiles; zero features change neither scores nor outputs).
-# Forward and dq: grid (batch, query head, query block), an inner fori_loop over key
-# blocks; the kv head of query head n is n // G. dk/dv: grid (batch, kv head, key block),
-# looping over the G query heads of the group and over query blocks, so dk and dv are
-# summed in registers and written once (no atomics). Two backward kernels rather than
-# jax's fused one, which needs as many query blocks as key blocks; here T and S differ.
-# A key (query) block whose position range cannot interact with the program's query
-# (key) block is skipped with lax.cond, using bounds computed from its positions.
-# --------------------------------------------------------------------------------------
-
-
-def _gpu_bounds(positions):
-    """(min valid position, max valid position) of a 1-D block, as scalars."""
-    valid = positions >= 0
-    return (
-        jnp.min(jnp.where(valid, positions, _NO_POSITION)),
-        jnp.max(jnp.where(valid, positions, -1)),
-    )
-
-
-def _gpu_forward_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    *,
-    scale,
-    window,
-    block_k,
-    num_k_blocks,
-):
-    """Blocks: q_pos [bq], k_pos [S], q and o [bq, H], k and v [S, H], lse [bq]."""
-    q = q_ref[...]
-    q_pos = q_pos_ref[...]
-    q_min, q_max = _gpu_bounds(q_pos)
-    block_q, head_dim = q.shape
-
-    def body(k_block_index, carry):
-        k_slice = pl.ds(k_block_index * block_k, block_k)
-        k_pos = k_pos_ref[k_slice]
-        k_min, k_max = _gpu_bounds(k_pos)
-
-        def update(carry):
-            m_prev, l_prev, acc_prev = carry
-            k, v = k_ref[k_slice, :], v_ref[k_slice, :]
-            mask = _visible(q_pos[:, None], k_pos[None, :], window)
-            scores = _matmul(q, k, _NT) * scale
-            scores = jnp.where(mask, scores, DEFAULT_MASK_VALUE)
-            m_next = jnp.maximum(m_prev, jnp.max(scores, axis=1))
-            correction = jnp.exp(m_prev - m_next)
-            probs = jnp.where(mask, jnp.exp(scores - m_next[:, None]), 0.0)
-            l_next = correction * l_prev + jnp.sum(probs, axis=1)
-            acc_next = correction[:, None] * acc_prev + _matmul(probs.astype(v.dtype), v, _NN)
-            return m_next, l_next, acc_next
-
-        may_interact = _blocks_may_interact(q_min, q_max, k_min, k_max, window)
-        return lax.cond(may_interact, update, lambda carry: carry, carry)
-
-    init = (
-        jnp.full((block_q,), DEFAULT_MASK_VALUE, jnp.float32),
-        jnp.zeros((block_q,), jnp.float32),
-        jnp.zeros((block_q, head_dim), jnp.float32),
-    )
-    row_max, row_sum, acc = lax.fori_loop(0, num_k_blocks, body, init)
-    has_keys = row_sum > 0
-    row_sum_safe = jnp.where(has_keys, row_sum, 1.0)
-    o_ref[...] = (acc / row_sum_safe[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(has_keys, row_max + jnp.log(row_sum_safe), -jnp.inf)
-
-
-def _gpu_pad_head_dim(*arrays):
-    """Zero-pads the last dim (H) to a power of two >= 16, as Triton tiles need.
-
-    Zero features add nothing to q.k and give zero output columns, sliced off after.
-    """
-    head_dim = arrays[0].shape[-1]
-    pad = max(pl.next_power_of_2(head_dim), MIN_TRITON_DOT_DIM) - head_dim
-    return tuple(jnp.pad(x, ((0, 0),) * 3 + ((0, pad),)) for x in arrays)
-
-
-def _gpu_forward(query, key, value, query_positions, key_positions, config):
-    batch, seq_len_q, num_heads, head_dim = query.shape
-    seq_len_k, num_kv_heads = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    bq, bk = config.block_q, config.block_k
-    q, k, v = _gpu_pad_head_dim(query, key, value)
-    head_dim_padded = q.shape[-1]
-    q_spec = pl.BlockSpec((None, bq, None, head_dim_padded), lambda b, n, i: (b, i, n, 0))
-    kv_spec = pl.BlockSpec(
-        (None, seq_len_k, None, head_dim_padded), lambda b, n, i: (b, 0, n // group, 0)
-    )
-    out, lse = pl.pallas_call(
-        functools.partial(
-            _gpu_forward_kernel,
-            scale=config.scale,
-            window=config.window,
-            block_k=bk,
-            num_k_blocks=seq_len_k // bk,
-        ),
-        grid=(batch, num_heads, seq_len_q // bq),
-        in_specs=[
-            pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
-            pl.BlockSpec((None, seq_len_k), lambda b, n, i: (b, 0)),
-            q_spec,
-            kv_spec,
-            kv_spec,
-        ],
-        out_specs=[q_spec, pl.BlockSpec((None, None, bq), lambda b, n, i: (b, n, i))],
-        out_shape=[
-            jax.ShapeDtypeStruct(q.shape, query.dtype),
-            jax.ShapeDtypeStruct((batch, num_heads, seq_len_q), jnp.float32),
-        ],
-        compiler_params=gpu_compiler_params(head_dim_padded),
-        interpret=config.interpret,
-        name="flash_attention_fwd",
-    )(query_positions, key_positions, q, k, v)
-    return out[..., :head_dim], lse
-
-
-def _gpu_dq_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    d_out_ref,
-    lse_ref,
-    delta_ref,
-    dq_ref,
-    *,
-    scale,
-    window,
-    block_k,
-    num_k_blocks,
-):
-    """Blocks: q, d_out, dq [bq, H]; lse, delta, q_pos [bq]; k, v [S, H]; k_pos [S]."""
-    q, d_out = q_ref[...], d_out_ref[...]
-    lse, delta = lse_ref[...][:, None], delta_ref[...][:, None]  # [bq, 1] columns
-    q_pos = q_pos_ref[...]
-    q_min, q_max = _gpu_bounds(q_pos)
-
-    def body(k_block_index, dq):
-        k_slice = pl.ds(k_block_index * block_k, block_k)
-        k_pos = k_pos_ref[k_slice]
-        k_min, k_max = _gpu_bounds(k_pos)
-
-        def update(dq):
-            k, v = k_ref[k_slice, :], v_ref[k_slice, :]
-            mask = _visible(q_pos[:, None], k_pos[None, :], window)
-            _, d_scores = _probs_and_dscores(q, k, v, d_out, lse, delta, mask, scale)
-            return dq + _matmul(d_scores, k, _NN)
-
-        may_interact = _blocks_may_interact(q_min, q_max, k_min, k_max, window)
-        return lax.cond(may_interact, update, lambda dq: dq, dq)
-
-    dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = dq.astype(dq_ref.dtype)
-
-
-def _gpu_dkv_kernel(
-    q_pos_ref,
-    k_pos_ref,
-    q_ref,
-    k_ref,
-    v_ref,
-    d_out_ref,
-    lse_ref,
-    delta_ref,
-    dk_ref,
-    dv_ref,
-    *,
-    scale,
-    window,
-    group,
-    block_q,
-    num_q_blocks,
-):
-    """Blocks: q and d_out [T, G, H]; lse, delta [G, T]; q_pos [T]; k, v, dk, dv [bk, H]."""
-    k, v = k_ref[...], v_ref[...]
-    k_pos = k_pos_ref[...]
-    k_min, k_max = _gpu_bounds(k_pos)
-
-    def body_for(head):
-        def body(q_block_index, carry):
-            q_slice = pl.ds(q_block_index * block_q, block_q)
-            q_pos = q_pos_ref[q_slice]
-            q_min, q_max = _gpu_bounds(q_pos)
-
-            def update(carry):
-                d_key, d_value = carry
-                q, d_out = q_ref[q_slice, head, :], d_out_ref[q_slice, head, :]
-                mask = _visible(q_pos[:, None], k_pos[None, :], window)
-                probs, d_scores = _probs_and_dscores(
-                    q,
-                    k,
-                    v,
-                    d_out,
-                    lse_ref[head, q_slice][:, None],
-                    delta_ref[head, q_slice][:, None],
-                    mask,
-                    scale,
-                )
-                d_value = d_value + _matmul(probs.astype(d_out.dtype), d_out, _TN)
-                d_key = d_key + _matmul(d_scores, q, _TN)
-                return d_key, d_value
-
-            may_interact = _blocks_may_interact(q_min, q_max, k_min, k_max, window)
-            return lax.cond(may_interact, update, lambda carry: carry, carry)
-
-        return body
-
-    carry = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    for head in range(group):  # static: the G query heads that read this kv head
-        carry = lax.fori_loop(0, num_q_blocks, body_for(head), carry)
-    d_key, d_value = carry
-    dk_ref[...] = d_key.astype(dk_ref.dtype)
-    dv_ref[...] = d_value.astype(dv_ref.dtype)
-
-
-def _gpu_backward(query, key, value, query_positions, key_positions, d_out, lse, delta, config):
-    batch, seq_len_q, num_heads, head_dim = query.shape
-    seq_len_k, num_kv_heads = key.shape[1], key.shape[2]
-    group = num_heads // num_kv_heads
-    bq, bk = config.block_q, config.block_k
-    q, k, v, d_out = _gpu_pad_head_dim(query, key, value, d_out)
-    head_dim_padded = q.shape[-1]
-    inputs = (query_positions, key_positions, q, k, v, d_out, lse, delta)
-
-    q_block_spec = pl.BlockSpec((None, bq, None, head_dim_padded), lambda b, n, i: (b, i, n, 0))
-    kv_full_spec = pl.BlockSpec(
-        (None, seq_len_k, None, head_dim_padded), lambda b, n, i: (b, 0, n // group, 0)
-    )
-    row_block_spec = pl.BlockSpec((None, None, bq), lambda b, n, i: (b, n, i))
-    dq = pl.pallas_call(
-        functools.partial(
-            _gpu_dq_kernel,
-            scale=config.scale,
-            window=config.window,
-            block_k=bk,
-            num_k_blocks=seq_len_k // bk,
-        ),
-        grid=(batch, num_heads, seq_len_q // bq),
-        in_specs=[
-            pl.BlockSpec((None, bq), lambda b, n, i: (b, i)),
-            pl.BlockSpec((None, seq_len_k), lambda b, n, i: (b, 0)),
-            q_block_spec,
-            kv_full_spec,
-            kv_full_spec,
-            q_block_spec,
-            row_block_spec,
-            row_block_spec,
-        ],
-        out_specs=q_block_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, query.dtype),
-        compiler_params=gpu_compiler_params(head_dim_padded),
-        interpret=config.interpret,
-        name="flash_attention_bwd_dq",
-    )(*inputs)
-
-    # Grid (batch, kv head, key block); the block of q covers the G heads of kv head h.
-    q_group_spec = pl.BlockSpec(
-        (None, seq_len_q, group, head_dim_padded), lambda b, h, j: (b, 0, h, 0)
-    )
-    kv_block_spec = pl.BlockSpec((None, bk, None, head_dim_padded), lambda b, h, j: (b, j, h, 0))
-    row_group_spec = pl.BlockSpec((None, group, seq_len_q), lambda b, h, j: (b, h, 0))
-    dk, dv = pl.pallas_call(
-        functools.partial(
-            _gpu_dkv_kernel,
-            scale=config.scale,
-            window=config.window,
-            group=group,
-            block_q=bq,
-            num_q_blocks=seq_len_q // bq,
-        ),
-        grid=(batch, num_kv_heads, seq_len_k // bk),
-        in_specs=[
-            pl.BlockSpec((None, seq_len_q), lambda b, h, j: (b, 0)),
-            pl.BlockSpec((None, bk), lambda b, h, j: (b, j)),
-            q_group_spec,
-            kv_block_spec,
-            kv_block_spec,
-            q_group_spec,
-            row_group_spec,
-            row_group_spec,
-        ],
-        out_specs=[kv_block_spec, kv_block_spec],
-        out_shape=[
-            jax.ShapeDtypeStruct(k.shape, key.dtype),
-            jax.ShapeDtypeStruct(v.shape, value.dtype),
-        ],
-        compiler_params=gpu_compiler_params(head_dim_padded),
-        interpret=config.interpret,
-        name="flash_attention_bwd_dkv",
-    )(*inputs)
-    return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
 
 
 # --------------------------------------------------------------------------------------

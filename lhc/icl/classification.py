@@ -40,7 +40,7 @@ BLOCK = (ord("\n"),) * 3
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class ClassificationTask:
     """One classification task: per class its keywords ``[C, keywords]`` and label."""
 
     keywords: np.ndarray
@@ -67,14 +67,14 @@ def random_task(rng, classes: int, keywords: int = 2, input_length: int = 4, noi
         raise ValueError(f"classes {classes} x keywords {keywords} do not fit the alphabet")
     words = rng.choice(LETTERS, classes * keywords, replace=False).reshape(classes, keywords)
     labels = tuple(LABEL_WORDS[i] for i in rng.choice(len(LABEL_WORDS), classes, replace=False))
-    return Task(words, labels, input_length, noise)
+    return ClassificationTask(words, labels, input_length, noise)
 
 
-def fixed_task(seed: int, classes: int = 4, **kwargs) -> Task:
+def fixed_task(seed: int, classes: int = 4, **kwargs) -> ClassificationTask:
     return random_task(np.random.default_rng(seed), classes, **kwargs)
 
 
-def split(task: Task, count: int, seed: int) -> Examples:
+def split(task: ClassificationTask, count: int, seed: int) -> Examples:
     """``count`` labelled inputs (classes balanced, drawn with ``seed``)."""
     rng = np.random.default_rng(seed)
     labels = np.arange(count) % task.num_classes

@@ -152,121 +152,63 @@ class LMConfig(ModelConfig):
     @classmethod
     def tiny(cls, **overrides: Any) -> LMConfig:
         """A model small enough for unit tests on a CPU (about 30K parameters)."""
-        values = dict(
-            vocab_size=128,
-            num_layers=2,
-            embed_dim=32,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=8,
-            mlp_dim=64,
-            max_len=256,
-            rope_theta=10_000.0,
-        )
-        values.update(overrides)
-        return cls(**values)
+        return cls(**{**_shape(128, 2, 32, 4, 2, 8, 64, 256), **overrides})
 
     @classmethod
     def lm_100m(cls, **overrides: Any) -> LMConfig:
         """A ~110M-parameter model (GPT-2-small widths, Llama layout, 32K vocabulary)."""
-        values = dict(
-            vocab_size=32_000,
-            num_layers=12,
-            embed_dim=768,
-            num_heads=12,
-            num_kv_heads=12,
-            head_dim=64,
-            mlp_dim=2048,
-            max_len=4096,
-            rope_theta=10_000.0,
-            norm_eps=1e-5,
-            tie_embeddings=True,
-        )
-        values.update(overrides)
-        return cls(**values)
+        shape = _shape(32_000, 12, 768, 12, 12, 64, 2048, 4096, norm_eps=1e-5, tie_embeddings=True)
+        return cls(**{**shape, **overrides})
 
 
-# Shapes of released checkpoints (from their config.json files).
+def _shape(vocab, layers, width, heads, kv_heads, head_dim, mlp, max_len, **rest) -> dict:
+    """``LMConfig`` fields from the numbers that define a decoder, in the order of the
+    Attributes above."""
+    return dict(
+        vocab_size=vocab,
+        num_layers=layers,
+        embed_dim=width,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        mlp_dim=mlp,
+        max_len=max_len,
+        **rest,
+    )
+
+
+def _released(*numbers, rope_theta: float, **rest) -> dict:
+    """A released checkpoint's shape: bfloat16, RMSNorm epsilon 1e-5 unless ``rest``
+    says otherwise."""
+    return _shape(
+        *numbers,
+        rope_theta=rope_theta,
+        **{"norm_eps": 1e-5, "dtype": "bfloat16", "param_dtype": "bfloat16", **rest},
+    )
+
+
+# Llama 3.1 / 3.2's RoPE scaling, but for the factor.
+_LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=8192,
+)
+
+# Shapes of released checkpoints (from their config.json files): vocabulary, layers,
+# width, heads, kv heads, head dim, MLP width, context.
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(LMConfig.tiny().to_dict()),
-    "lm_100m": dict(LMConfig.lm_100m().to_dict()),
-    "llama3.1-8b": dict(
-        vocab_size=128_256,
-        num_layers=32,
-        embed_dim=4096,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        mlp_dim=14_336,
-        max_len=131_072,
-        rope_theta=500_000.0,
-        rope_scaling=dict(
-            rope_type="llama3",
-            factor=8.0,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            original_max_position_embeddings=8192,
-        ),
-        norm_eps=1e-5,
-        tie_embeddings=False,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-    ),
-    "llama3.2-1b": dict(
-        vocab_size=128_256,
-        num_layers=16,
-        embed_dim=2048,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=64,
-        mlp_dim=8192,
-        max_len=131_072,
-        rope_theta=500_000.0,
-        rope_scaling=dict(
-            rope_type="llama3",
-            factor=32.0,
-            low_freq_factor=1.0,
-            high_freq_factor=4.0,
-            original_max_position_embeddings=8192,
-        ),
-        norm_eps=1e-5,
-        tie_embeddings=True,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-    ),
-    "qwen2.5-7b": dict(
-        vocab_size=152_064,
-        num_layers=28,
-        embed_dim=3584,
-        num_heads=28,
-        num_kv_heads=4,
-        head_dim=128,
-        mlp_dim=18_944,
-        max_len=32_768,
-        rope_theta=1_000_000.0,
-        norm_eps=1e-6,
-        qkv_bias=True,
-        tie_embeddings=False,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-    ),
-    "qwen2.5-0.5b": dict(
-        vocab_size=151_936,
-        num_layers=24,
-        embed_dim=896,
-        num_heads=14,
-        num_kv_heads=2,
-        head_dim=64,
-        mlp_dim=4864,
-        max_len=32_768,
-        rope_theta=1_000_000.0,
-        norm_eps=1e-6,
-        qkv_bias=True,
-        tie_embeddings=True,
-        dtype="bfloat16",
-        param_dtype="bfloat16",
-    ),
-}
+    "tiny": LMConfig.tiny().to_dict(),
+    "lm_100m": LMConfig.lm_100m().to_dict(),
+    "llama3.1-8b": _released(128_256, 32, 4096, 32, 8, 128, 14_336, 131_072, rope_theta=500_000.0,
+                             rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
+    "llama3.2-1b": _released(128_256, 16, 2048, 32, 8, 64, 8192, 131_072, rope_theta=500_000.0,
+                             rope_scaling=dict(_LLAMA3_ROPE, factor=32.0), tie_embeddings=True),
+    "qwen2.5-7b": _released(152_064, 28, 3584, 28, 4, 128, 18_944, 32_768,
+                            rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True),
+    "qwen2.5-0.5b": _released(151_936, 24, 896, 14, 2, 64, 4864, 32_768, rope_theta=1_000_000.0,
+                              norm_eps=1e-6, qkv_bias=True, tie_embeddings=True),
+}  # fmt: skip
 
 
 def get_preset(name: str, **overrides: Any) -> LMConfig:

@@ -42,8 +42,8 @@ from lhc.nolima.haystack import (
     shuffled_haystack,
 )
 from lhc.nolima.needles import (
-    Experiment,
     NeedleCase,
+    NeedleSet,
     NeedleTest,
     fill,
     lhc_needle_set,
@@ -66,9 +66,9 @@ from lhc.nolima.scores import (
 
 __all__ = [
     "DEFAULT_TASK_TEMPLATE",
-    "Experiment",
     "Haystack",
     "NeedleCase",
+    "NeedleSet",
     "NeedleTest",
     "Placement",
     "PromptFormat",

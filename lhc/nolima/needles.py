@@ -46,8 +46,9 @@ class NeedleTest:
 
 
 @dataclasses.dataclass(frozen=True)
-class Experiment:
-    """One entry of a needle set (see the module docstring)."""
+class NeedleSet:
+    """One entry of a needle set (see the module docstring): a needle with its
+    questions, character names and tests."""
 
     id: str
     system_prompt: str
@@ -126,7 +127,7 @@ def _field(entry: dict, where: str, name: str, check, expected: str, required: b
     return entry[name]
 
 
-def parse_needle_set(data: Any, source: str = "needle set") -> list[Experiment]:
+def parse_needle_set(data: Any, source: str = "needle set") -> list[NeedleSet]:
     """Validated experiments from the decoded JSON ``data``.
 
     Raises:
@@ -183,7 +184,7 @@ def parse_needle_set(data: Any, source: str = "needle set") -> list[Experiment]:
                     raise ValueError(f"{at}: field {name!r} uses slot {{{max(slots)}}} but "
                                      f"'input_args' has {len(args)} values")  # fmt: skip
             parsed[test_id] = NeedleTest(tuple(args), None if gold is None else tuple(gold))
-        experiments.append(Experiment(
+        experiments.append(NeedleSet(
             id=entry_id, system_prompt=system_prompt, needle=needle, questions=dict(questions),
             character_set=tuple(characters), tests=parsed, task_template=template,
             distractors=None if distractors is None else dict(distractors),
@@ -191,7 +192,7 @@ def parse_needle_set(data: Any, source: str = "needle set") -> list[Experiment]:
     return experiments
 
 
-def load_needle_set(path: str | os.PathLike) -> list[Experiment]:
+def load_needle_set(path: str | os.PathLike) -> list[NeedleSet]:
     """Reads and validates a needle-set JSON file (see ``parse_needle_set``)."""
     path = os.fspath(path)
     with open(path, encoding="utf-8") as handle:
@@ -202,7 +203,7 @@ def load_needle_set(path: str | os.PathLike) -> list[Experiment]:
     return parse_needle_set(data, source=path)
 
 
-def to_json(experiments: Sequence[Experiment]) -> list[dict]:
+def to_json(experiments: Sequence[NeedleSet]) -> list[dict]:
     """The JSON form of ``experiments`` (``parse_needle_set`` reads it back)."""
     out = []
     for e in experiments:
@@ -222,14 +223,14 @@ def to_json(experiments: Sequence[Experiment]) -> list[dict]:
     return out
 
 
-def lhc_needle_set() -> list[Experiment]:
+def lhc_needle_set() -> list[NeedleSet]:
     """The needle set written for lhc (one-hop, two-hop and direct questions, each
     template in default and inverted order)."""
     return load_needle_set(LHC_NEEDLE_SET)
 
 
 def needle_cases(
-    experiments: Sequence[Experiment], question_types: Sequence[str] | None = None
+    experiments: Sequence[NeedleSet], question_types: Sequence[str] | None = None
 ) -> list[NeedleCase]:
     """Every question-needle pair, slots filled, in file order.
 

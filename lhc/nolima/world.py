@@ -29,7 +29,7 @@ from lhc.data.iterators import row_rngs, stack_rows
 from lhc.lm.tokenizers import ByteTokenizer
 from lhc.nolima.evaluate import PromptFormat, prompt_tokens
 from lhc.nolima.haystack import Haystack
-from lhc.nolima.needles import Experiment, NeedleCase, NeedleTest, fill
+from lhc.nolima.needles import NeedleCase, NeedleSet, NeedleTest, fill
 from lhc.train.causal_lm import CausalLMTask
 from lhc.train.passkey import PasskeyTask, right_pad
 
@@ -108,15 +108,15 @@ class World:
 
     def needle_set(
         self, regions: tuple[int, ...] | None = None, names: tuple[str, ...] = NAMES[:30]
-    ) -> list[Experiment]:
+    ) -> list[NeedleSet]:
         """The world as a needle set: both needle orders, the three question types, one
         test per landmark of ``regions`` (all by default)."""
         keep = [i for i in range(len(self.landmarks))
                 if regions is None or self.region_of_landmark(i) in regions]  # fmt: skip
         tests = {f"L{i:02d}": NeedleTest(tuple(self.args(i))) for i in keep}
         return [
-            Experiment(id=f"{9001 + k}" + ("Inv" if k else ""), system_prompt="", needle=needle,
-                       questions=dict(QUESTIONS), character_set=tuple(names), tests=tests)
+            NeedleSet(id=f"{9001 + k}" + ("Inv" if k else ""), system_prompt="", needle=needle,
+                      questions=dict(QUESTIONS), character_set=tuple(names), tests=tests)
             for k, needle in enumerate(NEEDLES)
         ]  # fmt: skip
 

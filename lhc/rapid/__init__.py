@@ -12,7 +12,7 @@ long context, and the verifier moves the target's distribution toward the drafte
 * ``lhc.rapid.transfer``: ``transfer_logits``, ``residual_probs`` and the verifier
   ``RapidSampling`` (an ``lhc.lm.SpeculativeSampling`` whose ``eta = 0`` is the
   lossless rule).
-* ``lhc.rapid.memory``: what a run holds in memory (weights, both caches, buffers).
+* ``lhc.rapid.footprint``: what a run holds in memory (weights, both caches, buffers).
 * ``lhc.rapid.decoding``: ``rapid_generate`` (self- or upward speculation),
   ``prefill_contexts`` (a long context prefilled once, decoded from many times) and the
   two baselines, ``target_generate`` and ``rag_generate``.
@@ -26,7 +26,7 @@ from lhc.rapid.decoding import (
     rapid_generate,
     target_generate,
 )
-from lhc.rapid.memory import memory_estimate
+from lhc.rapid.footprint import memory_estimate
 from lhc.rapid.retrieval import (
     RagPrompt,
     RetrievalConfig,

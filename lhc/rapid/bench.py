@@ -52,7 +52,7 @@ from lhc.rapid.decoding import (
     rapid_generate,
     target_generate,
 )
-from lhc.rapid.memory import memory_estimate, memory_table
+from lhc.rapid.footprint import memory_estimate, memory_table
 from lhc.rapid.retrieval import RetrievalConfig, retrieval_budget, word_terms
 
 
