@@ -1,4 +1,10 @@
-"""Pallas kernels, one op per file, each with its plain-jnp reference at the bottom.
+"""Pallas kernels, each with its plain-jnp reference at the bottom of the op's file.
+
+An op's file holds its public function, custom_vjp, XLA path and reference; an op with
+kernels for both accelerators keeps them beside it, by backend: ``<op>_tpu.py`` (Mosaic)
+and ``<op>_gpu.py`` (Triton), with what its implementations share in
+``_<op>_common.py``. ``quant_kv_attention`` is one file: its kernels are shared by
+both lowerings.
 
 * ``flash_attention``: memory-efficient attention under lhc's position mask (causal by
   position, sliding window, padding), as chunked XLA and as Pallas kernels for TPU

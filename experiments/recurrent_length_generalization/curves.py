@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from lhc.data.passkey import passkey_example
-from lhc.lm.passkey import passkey_accuracy
+from lhc.lm.passkey_eval import passkey_accuracy
 from lhc.lm.tokenizers import ByteTokenizer
 from lhc.recurrent import bucket_means, effective_remembrance, loss_by_position, plot_curves
 from lhc.train import restore_params

@@ -47,30 +47,18 @@ def bench_configs(max_len: int) -> tuple[GCAConfig, LMConfig]:
     """GCA with the paper's geometry at width 256 (64-position chunks, top-8, window 513,
     2 lower layers, a 1-layer encoder, 2 upper layers) and the dense 4-layer model of the
     same width, heads and MLP."""
-    width, heads, head_dim, mlp, vocab = 256, 4, 64, 768, 512
-    gca = GCAConfig(
-        vocab_size=vocab,
-        embed_dim=width,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=head_dim,
-        mlp_dim=mlp,
-        lower_layers=2,
-        encoder_layers=1,
-        upper_layers=(2,),
-        chunk_size=64,
-        top_k=8,
-        window=513,
-        max_len=max_len,
-    )
+    gca = GCAConfig.paper_128m(
+        vocab_size=512, embed_dim=256, num_heads=4, num_kv_heads=4, mlp_dim=768,
+        lower_layers=2, encoder_layers=1, upper_layers=(2,), landmark_id=None, max_len=max_len,
+    )  # fmt: skip
     dense = LMConfig(
-        vocab_size=vocab,
+        vocab_size=gca.vocab_size,
         num_layers=gca.lower_layers + sum(gca.upper_layers),
-        embed_dim=width,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=head_dim,
-        mlp_dim=mlp,
+        embed_dim=gca.embed_dim,
+        num_heads=gca.num_heads,
+        num_kv_heads=gca.num_kv_heads,
+        head_dim=gca.head_dim,
+        mlp_dim=gca.mlp_dim,
         max_len=max_len,
     )
     return gca, dense

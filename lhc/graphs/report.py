@@ -16,6 +16,7 @@ import argparse
 import json
 import pathlib
 
+from lhc import plots
 from lhc.train.config import load_run_config
 
 
@@ -79,23 +80,17 @@ def bar_chart(rows: list[tuple[str, float]], reference: float, width: int = 50) 
 
 
 def plot(runs: list[dict], path: str, variant: str = "spd_norm") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """Writes each run's range (``variant``) against the training step, and the task's
+    range as a dashed line, as a PNG."""
+    lines = {}
     for run in sorted(runs, key=lambda r: r["depth"]):
         steps = [e["step"] for e in run["evaluations"]]
-        ax.plot(steps, [e[f"eval/range_{variant}"] for e in run["evaluations"]],
-                label=f"{run['depth']} layers")  # fmt: skip
-    ax.axhline(runs[0]["evaluations"][-1][f"eval/task_range_{variant}"], color="k", ls="--",
-               label="task")  # fmt: skip
-    ax.set_xlabel("training step")
-    ax.set_ylabel(f"range ({variant.replace('_', ', ')})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        lines[f"{run['depth']} layers"] = (
+            steps, [e[f"eval/range_{variant}"] for e in run["evaluations"]]
+        )  # fmt: skip
+    task = plots.Reference(runs[0]["evaluations"][-1][f"eval/task_range_{variant}"], "task")
+    plots.curves(path, lines, xlabel="training step", ylabel=f"range ({variant.replace('_', ', ')})",
+                 references=[task], legend_fontsize=7, figsize=(6, 4))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> str:

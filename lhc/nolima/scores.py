@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from lhc import plots
+
 BASE_LENGTHS = (250, 500, 1000)
 
 
@@ -153,37 +155,24 @@ def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> l
     """Writes ``heatmap_<type>.png`` (accuracy by depth and length, per question type)
     and ``curves.png`` (score against length per question type, with 85% of each base)
     into ``directory``; returns the paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from lhc.lm.passkey import heatmap
-
     os.makedirs(directory, exist_ok=True)
     paths = []
     result = summary(records)
     for kind in result["by_question_type"]:
         lengths, depths, accuracy = grid(records, kind)
         path = os.path.join(directory, f"heatmap_{kind}.png")
-        heatmap(path, accuracy, lengths, depths, f"{title}: {kind}")
+        plots.length_depth_heatmap(path, accuracy, lengths, depths, f"{title}: {kind}")
         paths.append(path)
-    figure, axis = plt.subplots(figsize=(5.5, 3.5))
+    lines, references = {}, []
     for index, (kind, block) in enumerate(result["by_question_type"].items()):
         lengths = sorted(block["by_length"])
-        line = axis.plot(lengths, [block["by_length"][n] for n in lengths], marker="o",
-                         label=kind, color=f"C{index}")  # fmt: skip
+        lines[kind] = (lengths, [block["by_length"][n] for n in lengths])
         if "base" in block:
-            axis.axhline(0.85 * block["base"], ls=":", color=line[0].get_color())
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("context length (tokens)")
-    axis.set_ylabel("accuracy")
-    axis.set_ylim(-0.02, 1.02)
-    axis.set_title(f"{title} (dotted: 85% of base)")
-    axis.legend()
-    figure.tight_layout()
+            reference = plots.Reference(0.85 * block["base"], color=f"C{index}", linestyle=":")
+            references.append(reference)
     path = os.path.join(directory, "curves.png")
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    plots.curves(path, lines, xlabel="context length (tokens)", ylabel="accuracy",
+                 title=f"{title} (dotted: 85% of base)", references=references, log_x_base=2,
+                 y_limits=(-0.02, 1.02), marker="o", figsize=(5.5, 3.5))  # fmt: skip
     paths.append(path)
     return paths

@@ -31,7 +31,7 @@ from lhc.nolima.evaluate import PromptFormat, prompt_tokens
 from lhc.nolima.haystack import Haystack
 from lhc.nolima.needles import NeedleCase, NeedleSet, NeedleTest, fill
 from lhc.train.causal_lm import CausalLMTask
-from lhc.train.passkey import PasskeyTask, right_pad
+from lhc.train.passkey_task import PasskeyTask, right_pad
 
 TEMPLATE = "{haystack}\nQuestion: {question}\nAnswer:"
 FORMAT = PromptFormat(task_template=TEMPLATE, add_bos=True)

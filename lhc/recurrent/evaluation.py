@@ -15,12 +15,13 @@ attention ignore) and numbered from 0, as a fresh run would.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from lhc import plots
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -133,21 +134,5 @@ def bucket_means(values, edges: Sequence[int]) -> np.ndarray:
 
 def plot_curves(path: str, x, curves: dict, *, xlabel: str, ylabel: str, title: str, logx=False):
     """Writes one line per ``curves[label]`` against ``x`` as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 3.6))
-    for label, y in curves.items():
-        axis.plot(x, y, label=label)
-    if logx:
-        axis.set_xscale("log")
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel(ylabel)
-    axis.set_title(title)
-    axis.legend()
-    figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    plots.curves(path, {label: (x, y) for label, y in curves.items()}, xlabel=xlabel,
+                 ylabel=ylabel, title=title, log_x_base=10 if logx else None)  # fmt: skip

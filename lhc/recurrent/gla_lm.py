@@ -17,57 +17,33 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm, SwiGLU
-from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.scan import gla, gla_step
-from lhc.recurrent.stack import recurrent_lm_forward
+from lhc.recurrent.stack import RecurrentLMConfig, recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
-class GLAConfig(ModelConfig):
-    """Shape of a ``GLALM``.
+class GLAConfig(RecurrentLMConfig):
+    """Shape of a ``GLALM``: the ``RecurrentLMConfig`` fields and
 
     Attributes:
-        vocab_size: V.
-        num_layers: layers (GLA and MLP each).
-        embed_dim: D.
         num_heads: H.
         key_dim: Dk per head.
         value_dim: Dv per head.
         gate_rank: rank of the forget-gate projection.
         gate_temperature: log-gates are ``log_sigmoid(.) / gate_temperature``.
         mlp_dim: SwiGLU hidden width.
-        chunk_size: GLA chunk length.
-        rollback: how many tokens of the latest call truncation can undo exactly.
-        max_len: the longest sequence generation code should plan for.
-        norm_eps: RMSNorm epsilon.
-        tie_embeddings: the output projection is the embedding table.
-        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the
-            recurrence runs in float32).
-        param_dtype: storage dtype name of the parameters.
     """
 
-    vocab_size: int
-    num_layers: int = 2
-    embed_dim: int = 64
     num_heads: int = 2
     key_dim: int = 16
     value_dim: int = 32
     gate_rank: int = 16
     gate_temperature: float = 16.0
     mlp_dim: int = 128
-    chunk_size: int = 64
-    rollback: int = 16
-    max_len: int = 1 << 20
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-    dtype: str = "float32"
-    param_dtype: str = "float32"
 
-    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "num_heads", "key_dim", "value_dim",
-                "gate_rank", "mlp_dim", "chunk_size", "max_len")  # fmt: skip
-    NON_NEGATIVE = ("rollback",)
-    DTYPES = ("dtype", "param_dtype")
+    POSITIVE = (*RecurrentLMConfig.POSITIVE, "num_heads", "key_dim", "value_dim", "gate_rank",
+                "mlp_dim")  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()

@@ -22,57 +22,33 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm
-from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
-from lhc.recurrent.stack import recurrent_lm_forward
+from lhc.recurrent.stack import RecurrentLMConfig, recurrent_lm_forward
 
 
 @dataclasses.dataclass(frozen=True)
-class Mamba2Config(ModelConfig):
-    """Shape of a ``Mamba2LM``.
+class Mamba2Config(RecurrentLMConfig):
+    """Shape of a ``Mamba2LM``: the ``RecurrentLMConfig`` fields (``num_layers`` counts
+    blocks; the SSD runs in float32) and
 
     Attributes:
-        vocab_size: V.
-        num_layers: blocks.
-        embed_dim: D, the residual width.
         expand: the inner width is ``expand * D``.
         head_dim: P, channels per SSD head (``expand * D / P`` heads).
         state_dim: N, the SSM state per channel.
         num_groups: G, groups of heads sharing B and C.
         conv_width: K, the causal convolution's width.
-        chunk_size: SSD chunk length.
-        rollback: how many tokens of the latest call truncation can undo exactly.
-        max_len: the longest sequence generation code should plan for (the state does
-            not grow with it).
-        norm_eps: RMSNorm epsilon.
-        tie_embeddings: the output projection is the embedding table.
-        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the SSD
-            runs in float32).
-        param_dtype: storage dtype name of the parameters.
     """
 
-    vocab_size: int
-    num_layers: int = 2
-    embed_dim: int = 64
     expand: int = 2
     head_dim: int = 16
     state_dim: int = 16
     num_groups: int = 1
     conv_width: int = 4
-    chunk_size: int = 64
-    rollback: int = 16
-    max_len: int = 1 << 20
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-    dtype: str = "float32"
-    param_dtype: str = "float32"
 
-    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "expand", "head_dim", "state_dim",
-                "num_groups", "conv_width", "chunk_size", "max_len")  # fmt: skip
-    NON_NEGATIVE = ("rollback",)
-    DTYPES = ("dtype", "param_dtype")
+    POSITIVE = (*RecurrentLMConfig.POSITIVE, "expand", "head_dim", "state_dim", "num_groups",
+                "conv_width")  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()

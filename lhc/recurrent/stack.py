@@ -1,5 +1,6 @@
-"""What the recurrent LMs share: the outer body of the forward pass (embedding, the layers
-with their states in ``RecurrentCache``, final norm, output head).
+"""What the recurrent LMs share: the config fields every one has (``RecurrentLMConfig``)
+and the outer body of the forward pass (embedding, the layers with their states in
+``RecurrentCache``, final norm, output head).
 
 A layer is called as ``layer(x, real, states, tail)`` with ``states`` a tuple of its
 current states in ``state_names`` order (None without a cache) and returns ``(x,
@@ -10,12 +11,49 @@ the states after each of those (``[B, tail, ...]`` each, oldest first; None when
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, Embed, RMSNorm
+from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache, layer_history
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrentLMConfig(ModelConfig):
+    """The fields every recurrent LM's config has; a model's own fields follow these.
+
+    Attributes:
+        vocab_size: V.
+        num_layers: layers (blocks).
+        embed_dim: D, the residual width.
+        chunk_size: the chunked scan's chunk length.
+        rollback: how many tokens of the latest call truncation can undo exactly.
+        max_len: the longest sequence generation code should plan for (the state does
+            not grow with it).
+        norm_eps: RMSNorm epsilon.
+        tie_embeddings: the output projection is the embedding table.
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the
+            recurrence runs in float32).
+        param_dtype: storage dtype name of the parameters.
+    """
+
+    vocab_size: int
+    num_layers: int = 2
+    embed_dim: int = 64
+    chunk_size: int = 64
+    rollback: int = 16
+    max_len: int = 1 << 20
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "chunk_size", "max_len")
+    NON_NEGATIVE = ("rollback",)
+    DTYPES = ("dtype", "param_dtype")
 
 
 def recurrent_lm_forward(
@@ -31,9 +69,8 @@ def recurrent_lm_forward(
     """The causal-LM protocol's ``logits, cache`` for a stack of recurrent layers.
 
     Called from a linen module's compact ``__call__`` (the submodules it makes belong to
-    that module). ``config`` has ``vocab_size``, ``embed_dim``, ``num_layers``,
-    ``norm_eps``, ``tie_embeddings``, ``dtype`` and ``param_dtype``; ``make_layer(i)``
-    makes layer ``i``.
+    that module). ``config`` is a ``RecurrentLMConfig``; ``make_layer(i)`` makes layer
+    ``i``.
     Padding (position -1) is passed to the layers as ``real`` false; a broken cache
     (truncated past its rollback) gives NaN logits for that sequence.
     """

@@ -247,7 +247,7 @@ def load_run_config(workdir: str, overrides=()) -> ml_collections.ConfigDict:
     path = os.path.join(workdir, RUN_CONFIG)
     if not os.path.isfile(path):
         raise FileNotFoundError(
-            f"--workdir {workdir!r} holds no {RUN_CONFIG} (written by `lhc train`); pass --config"
+            f"--workdir {workdir!r}: holds no {RUN_CONFIG} (written by `lhc train`); pass --config"
         )
     with open(path) as f:
         try:

@@ -24,7 +24,7 @@ from lhc.data.iterators import DataIterator
 # Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
-    "passkey": "lhc.train.passkey:PasskeyTask",
+    "passkey": "lhc.train.passkey_task:PasskeyTask",
     "text_lm": "lhc.train.text_lm:TextLMTask",
 }
 _DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"

@@ -9,7 +9,7 @@ import pytest
 
 from lhc import lm
 from lhc.data.passkey import NEEDLE, QUESTION, Filler, passkey_batch, passkey_example
-from lhc.lm.passkey import answer_predictions, passkey_accuracy
+from lhc.lm.passkey_eval import answer_predictions, passkey_accuracy
 
 TOKENIZER = lm.ByteTokenizer()
 
@@ -92,7 +92,7 @@ def test_cached_predictions_equal_the_full_forward():
 
 
 def test_heat_map_png(tmp_path):
-    from lhc.lm.passkey import PasskeyResult
+    from lhc.lm.passkey_eval import PasskeyResult
 
     result = PasskeyResult((512, 2048), (0.0, 1.0), np.array([[1.0, 0.5], [np.nan, 0.0]]), 4)
     result.plot(str(tmp_path / "map.png"))

@@ -24,13 +24,9 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels_pallas.flash_attention import (
-    BlockSizes,
-    _block_bounds,
-    _blocks_may_interact,
-    flash_attention,
-    flash_attention_reference,
-)
+from kernels_pallas._flash_attention_common import block_bounds as _block_bounds
+from kernels_pallas._flash_attention_common import blocks_may_interact as _blocks_may_interact
+from kernels_pallas.flash_attention import BlockSizes, flash_attention, flash_attention_reference
 
 # float32: every implementation accumulates in float32 over at most 29 keys of O(1)
 # scores, so against float64 the error is float32 rounding (measured <= 4e-7).
