@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.data.iterators import IndexedIterator
 from lhc.dm import rollout as rollout_lib
 from lhc.dm.data import REF_SCORES, SegmentSampler, load_dataset, normalized_score
 from lhc.dm.model import DecisionModel, DMConfig, aux_loss, flops_per_action
@@ -102,13 +101,7 @@ class DecisionTask(Task):
         return self.model.init(rng, **self._inputs(zeros))["params"]
 
     def train_iterator(self, process_index, process_count):
-        return IndexedIterator(
-            self._make_batch,
-            seed=int(self.config.seed),
-            batch_size=int(self.config.batch_size),
-            process_index=process_index,
-            process_count=process_count,
-        )
+        return self.indexed_iterator(self._make_batch, process_index, process_count)
 
     @staticmethod
     def _inputs(batch):

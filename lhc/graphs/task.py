@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.data.iterators import IndexedIterator, row_rngs
+from lhc.data.iterators import row_rngs
 from lhc.graphs import synthetic
 from lhc.graphs.batch import from_adjacencies
 from lhc.graphs.distances import resistance_distances, shortest_path_distances
@@ -110,13 +110,7 @@ class RangeTask(Task):
         return self.model.init(rng, self._graphs(x))["params"]
 
     def train_iterator(self, process_index, process_count):
-        return IndexedIterator(
-            self._make_batch,
-            seed=int(self.config.seed),
-            batch_size=int(self.config.batch_size),
-            process_index=process_index,
-            process_count=process_count,
-        )
+        return self.indexed_iterator(self._make_batch, process_index, process_count)
 
     def predict(self, params, x: jax.Array) -> jax.Array:
         """float[B, N, C] -> the model's labels, shaped like the task's."""

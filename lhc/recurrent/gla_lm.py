@@ -17,9 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm, SwiGLU
-from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.scan import gla, gla_step
-from lhc.recurrent.stack import RecurrentLMConfig, recurrent_lm_forward
+from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,35 +111,13 @@ class GLALayer(nn.Module):
         return x, (head_end,), None if tail_states is None else (tail_states,)
 
 
-class GLALM(nn.Module):
-    """``logits, cache = model.apply(variables, tokens, positions, cache)`` (the causal-LM
-    protocol); ``cache=None`` for a plain forward pass."""
+class GLALM(RecurrentLM):
+    """A stack of GLA layers (``RecurrentLM``: the causal-LM protocol)."""
 
     config: GLAConfig
+    layer = GLALayer
 
     @nn.nowrap
-    def init_cache(
-        self, batch_size: int, max_len: int | None = None, *, rollback: int | None = None
-    ) -> RecurrentCache:
-        """Zero states. ``rollback`` (default ``config.rollback``) sets how many of a
-        call's last tokens truncation can undo; 0 keeps only the current states (a
-        training-time cache carrying states between batches)."""
-        del max_len  # the state does not grow
+    def state_specs(self):
         c = self.config
-        return RecurrentCache.create(
-            {"gla": (c.num_heads, c.key_dim, c.value_dim)}, num_layers=c.num_layers,
-            batch_size=batch_size,
-            rollback=c.rollback if rollback is None else rollback, dtypes={"gla": jnp.float32},
-        )  # fmt: skip
-
-    @nn.compact
-    def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
-        return recurrent_lm_forward(
-            self.config,
-            tokens,
-            positions,
-            cache,
-            last_only=last_only,
-            state_names=("gla",),
-            make_layer=lambda i: GLALayer(self.config, name=f"layer_{i}"),
-        )
+        return {"gla": ((c.num_heads, c.key_dim, c.value_dim), jnp.float32)}

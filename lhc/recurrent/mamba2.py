@@ -22,10 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm
-from lhc.recurrent.cache import RecurrentCache
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
-from lhc.recurrent.stack import RecurrentLMConfig, recurrent_lm_forward
+from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,32 +172,16 @@ class Mamba2Block(nn.Module):
         return x, head_end, tail_states
 
 
-class Mamba2LM(nn.Module):
-    """``logits, cache = model.apply(variables, tokens, positions, cache)`` (the causal-LM
-    protocol); ``cache=None`` for a plain forward pass."""
+class Mamba2LM(RecurrentLM):
+    """A stack of Mamba-2 blocks (``RecurrentLM``: the causal-LM protocol)."""
 
     config: Mamba2Config
+    layer = Mamba2Block
 
     @nn.nowrap
-    def init_cache(
-        self, batch_size: int, max_len: int | None = None, *, rollback: int | None = None
-    ) -> RecurrentCache:
-        """Zero states. ``rollback`` (default ``config.rollback``) sets how many of a
-        call's last tokens truncation can undo; 0 keeps only the current states (a
-        training-time cache carrying states between batches)."""
-        del max_len  # the state does not grow
+    def state_specs(self):
         c = self.config
-        return RecurrentCache.create(
-            {"conv": (c.conv_width - 1, c.conv_dim), "ssm": (c.num_heads, c.head_dim, c.state_dim)},
-            num_layers=c.num_layers, batch_size=batch_size,
-            rollback=c.rollback if rollback is None else rollback,
-            dtypes={"conv": c.dtype, "ssm": jnp.float32},
-        )  # fmt: skip
-
-    @nn.compact
-    def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
-        return recurrent_lm_forward(
-            self.config, tokens, positions, cache, last_only=last_only,
-            state_names=("conv", "ssm"),
-            make_layer=lambda i: Mamba2Block(self.config, name=f"layer_{i}"),
-        )  # fmt: skip
+        return {
+            "conv": ((c.conv_width - 1, c.conv_dim), c.dtype),
+            "ssm": ((c.num_heads, c.head_dim, c.state_dim), jnp.float32),
+        }

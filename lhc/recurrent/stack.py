@@ -1,6 +1,6 @@
 """What the recurrent LMs share: the config fields every one has (``RecurrentLMConfig``)
-and the outer body of the forward pass (embedding, the layers with their states in
-``RecurrentCache``, final norm, output head).
+and the module around their layers (``RecurrentLM``: the cache, embedding, the layers
+with their states in ``RecurrentCache``, final norm, output head).
 
 A layer is called as ``layer(x, real, states, tail)`` with ``states`` a tuple of its
 current states in ``state_names`` order (None without a cache) and returns ``(x,
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, Embed, RMSNorm
@@ -54,6 +56,53 @@ class RecurrentLMConfig(ModelConfig):
     POSITIVE = ("vocab_size", "num_layers", "embed_dim", "chunk_size", "max_len")
     NON_NEGATIVE = ("rollback",)
     DTYPES = ("dtype", "param_dtype")
+
+
+class RecurrentLM(nn.Module):
+    """``logits, cache = model.apply(variables, tokens, positions, cache)`` (the causal-LM
+    protocol); ``cache=None`` for a plain forward pass.
+
+    A subclass names its layer (``layer``, called as ``layer(config, name=...)``) and the
+    shapes and dtypes of each layer's states (``state_specs``).
+    """
+
+    config: RecurrentLMConfig
+    layer: ClassVar[type[nn.Module]]
+
+    @nn.nowrap
+    def state_specs(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """``{name: (per-sequence shape, dtype)}`` of one layer's states, in the order the
+        layer takes them (``@nn.nowrap`` in a subclass too)."""
+        raise NotImplementedError
+
+    @nn.nowrap
+    def init_cache(
+        self, batch_size: int, max_len: int | None = None, *, rollback: int | None = None
+    ) -> RecurrentCache:
+        """Zero states. ``rollback`` (default ``config.rollback``) sets how many of a
+        call's last tokens truncation can undo; 0 keeps only the current states (a
+        training-time cache carrying states between batches)."""
+        del max_len  # the state does not grow
+        specs = self.state_specs()
+        return RecurrentCache.create(
+            {name: shape for name, (shape, _) in specs.items()},
+            num_layers=self.config.num_layers,
+            batch_size=batch_size,
+            rollback=self.config.rollback if rollback is None else rollback,
+            dtypes={name: dtype for name, (_, dtype) in specs.items()},
+        )
+
+    @nn.compact
+    def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
+        return recurrent_lm_forward(
+            self.config,
+            tokens,
+            positions,
+            cache,
+            last_only=last_only,
+            state_names=tuple(self.state_specs()),
+            make_layer=lambda i: self.layer(self.config, name=f"layer_{i}"),
+        )
 
 
 def recurrent_lm_forward(

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.data.iterators import IndexedIterator, consecutive_chunks
+from lhc.data.iterators import consecutive_chunks
 from lhc.data.passkey import passkey_example
 from lhc.recurrent.cache import RecurrentCache
 from lhc.train.passkey_task import PasskeyTask
@@ -165,10 +165,7 @@ class RecurrentPasskeyTask(PasskeyTask):
     def train_iterator(self, process_index, process_count):
         if self._tbtt_batch is None:
             return super().train_iterator(process_index, process_count)
-        return IndexedIterator(
-            self._tbtt_batch, seed=int(self.config.seed), batch_size=int(self.config.batch_size),
-            process_index=process_index, process_count=process_count,
-        )  # fmt: skip
+        return self.indexed_iterator(self._tbtt_batch, process_index, process_count)
 
     # The carry: the last batch's final states and the moments of zero-state final states.
 

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.data.iterators import IndexedIterator
 from lhc.parallel import global_batch
 from lhc.tabicl import prior as prior_lib
 from lhc.tabicl.config import TabICLConfig
@@ -127,13 +126,7 @@ class PretrainTask(Task):
         return self.model.init(rng, X, y_train)["params"]
 
     def train_iterator(self, process_index, process_count):
-        return IndexedIterator(
-            self._make_batch,
-            seed=int(self.config.seed),
-            batch_size=int(self.config.batch_size),
-            process_index=process_index,
-            process_count=process_count,
-        )
+        return self.indexed_iterator(self._make_batch, process_index, process_count)
 
     def _logits(self, params, batch, rng=None):
         deterministic = rng is None or float(self.model.config.dropout) == 0.0

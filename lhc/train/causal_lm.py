@@ -110,12 +110,8 @@ class CausalLMTask(Task):
     def _iterator(
         self, seed: int, process_index: int, process_count: int, make_batch=None
     ) -> IndexedIterator:
-        return IndexedIterator(
-            make_batch or self._make_batch,
-            seed=seed,
-            batch_size=int(self.config.batch_size),
-            process_index=process_index,
-            process_count=process_count,
+        return self.indexed_iterator(
+            make_batch or self._make_batch, process_index, process_count, seed
         )
 
     def _eval_iterator(self, process_index: int, process_count: int) -> IndexedIterator:

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from lhc.data.iterators import DataIterator
+from lhc.data.iterators import DataIterator, IndexedIterator
 
 # Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
@@ -62,6 +62,20 @@ class Task:
     def train_iterator(self, process_index: int, process_count: int) -> DataIterator:
         """This process's share (``batch_size // process_count`` rows) of each batch."""
         raise NotImplementedError
+
+    def indexed_iterator(
+        self, make_batch, process_index: int, process_count: int, seed: int | None = None
+    ) -> IndexedIterator:
+        """``IndexedIterator(make_batch)`` over ``config.batch_size`` rows, seeded with
+        ``seed`` (default ``config.seed``): what ``train_iterator`` returns for a task whose
+        batches are a function of ``(seed, index, rows)``."""
+        return IndexedIterator(
+            make_batch,
+            seed=int(self.config.seed) if seed is None else int(seed),
+            batch_size=int(self.config.batch_size),
+            process_index=process_index,
+            process_count=process_count,
+        )
 
     def loss(self, params, batch, rng: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Scalar float32 loss and a dict of scalar metrics for one global batch."""

@@ -61,13 +61,7 @@ class TextLMTask(CausalLMTask):
         )
 
     def _indexed(self, split, seed, process_index, process_count) -> IndexedIterator:
-        return IndexedIterator(
-            self._batches(split),
-            seed=seed,
-            batch_size=int(self.config.batch_size),
-            process_index=process_index,
-            process_count=process_count,
-        )
+        return self.indexed_iterator(self._batches(split), process_index, process_count, seed)
 
     def _iterator(self, seed, process_index, process_count):
         return self._indexed(self.config.data.split, seed, process_index, process_count)
