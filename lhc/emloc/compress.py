@@ -188,16 +188,23 @@ def _rows(examples: Sequence[Example], embed_dim: int, first_position: int, prob
 # The model calls --------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _prefill(model, params, memory, tokens, positions, embeddings, embedded):
-    _, memory = model.apply(
+def _apply(model, params, memory, tokens, positions, embeddings, embedded, **kwargs):
+    """The model on tokens whose ``embedded`` columns take ``embeddings`` (images)."""
+    return model.apply(
         {"params": params},
         tokens,
         positions,
         memory,
         embeddings=embeddings,
         embedding_mask=embedded,
-        last_only=True,
+        **kwargs,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _prefill(model, params, memory, tokens, positions, embeddings, embedded):
+    _, memory = _apply(
+        model, params, memory, tokens, positions, embeddings, embedded, last_only=True
     )
     return memory
 
@@ -209,16 +216,10 @@ def _answer_log_probs(logits: jax.Array, probe: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _teacher(model, params, memory, tokens, positions, embeddings, embedded, probe):
-    (logits, _), state = model.apply(
-        {"params": params},
-        tokens,
-        positions,
-        memory,
-        embeddings=embeddings,
-        embedding_mask=embedded,
-        probe=probe,
-        mutable=["intermediates"],
-    )
+    (logits, _), state = _apply(
+        model, params, memory, tokens, positions, embeddings, embedded,
+        probe=probe, mutable=["intermediates"],
+    )  # fmt: skip
     inter = state["intermediates"]
     layers = [inter[f"layers_{i}"] for i in range(model.config.num_layers)]
     inputs = [layer["layer_input"][0] for layer in layers]
@@ -465,14 +466,7 @@ def _compress_chunk(model, params, memory, chunk, config, index):
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _query_logits(model, params, memory, tokens, positions, embeddings, embedded, last):
-    logits, _ = model.apply(
-        {"params": params},
-        tokens,
-        positions,
-        memory,
-        embeddings=embeddings,
-        embedding_mask=embedded,
-    )
+    logits, _ = _apply(model, params, memory, tokens, positions, embeddings, embedded)
     return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
 
 

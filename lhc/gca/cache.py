@@ -43,13 +43,11 @@ from jax.sharding import PartitionSpec
 
 from lhc.gca.config import GCAConfig
 from lhc.lm.cache import (
+    SlotWriter,
     checked_lengths,
     is_concrete,
     positions_to_lengths,
-    put_slots,
-    read_before_write,
 )
-from lhc.nn.attention import ordered_after
 from lhc.parallel.offload import to_host
 
 
@@ -132,7 +130,7 @@ def stream_layout(cfg: GCAConfig, tokens, positions, cache: GCACache | None) -> 
 
 
 @struct.dataclass
-class StreamWriter:
+class StreamWriter(SlotWriter):
     """The window rings' writer for one call (``lhc.nn.attention.LayerWriter``).
 
     Attention reads the ring as it was plus the call's own keys; the call's entries then
@@ -143,15 +141,6 @@ class StreamWriter:
     slots: jax.Array  # int32 [B, T'], ring slot of each entry; R (dropped) if not kept
     positions: jax.Array  # int32 [B, R], ring positions before the call
     new_positions: jax.Array  # int32 [B, T'], stream positions of the call (-1: padding)
-
-    def read(self, layers, layer, keys, values):
-        return read_before_write(self, layers, layer, keys, values)
-
-    def write(self, layers, layer, keys, values, *, after):
-        return tuple(
-            put_slots(store, layer, self.slots, ordered_after(new, after))
-            for store, new in zip(layers, (keys, values))
-        )
 
 
 def ring_slots(stream_positions: jax.Array, stream_end: jax.Array, size: int) -> jax.Array:

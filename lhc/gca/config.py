@@ -83,6 +83,8 @@ class GCAConfig(ModelConfig):
                 "encoder_layers", "top_k", "window", "max_len")  # fmt: skip
     NON_NEGATIVE = ("lower_layers",)
     CHOICES = {"gca_impl": GCA_IMPLS}
+    MULTIPLES = (("num_heads", "num_kv_heads"),)
+    EVEN = ("head_dim",)  # RoPE rotates pairs
     DTYPES = ("dtype", "param_dtype")
 
     def __post_init__(self):
@@ -101,13 +103,6 @@ class GCAConfig(ModelConfig):
                 f"GCAConfig.chunk_size must be >= 2 (text tokens and a landmark), got "
                 f"{self.chunk_size}"
             )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"GCAConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"GCAConfig.head_dim must be even for RoPE, got {self.head_dim}")
         landmark = self.vocab_size - 1 if self.landmark_id is None else self.landmark_id
         if (
             isinstance(landmark, bool)

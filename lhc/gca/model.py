@@ -85,7 +85,7 @@ from lhc.gca.cache import (
 from lhc.gca.config import GCAConfig
 from lhc.lm.cache import is_concrete
 from lhc.nn.attention import Attention, LayerCache
-from lhc.nn.linear import Einsum, Embed
+from lhc.nn.linear import Einsum, Embed, output_logits
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
 from lhc.nn.rope import apply_rope, rope_frequencies
@@ -641,17 +641,7 @@ class GCA(nn.Module):
         cfg = self.config
         x = _rows_take(x, text_entries)
         x = _norm(cfg, "final_norm")(x)
-        if cfg.tie_embeddings:
-            logits = embed.decode(x)
-        else:
-            logits = Einsum(
-                shape=(cfg.embed_dim, cfg.vocab_size),
-                logical_axes=("embed", "vocab"),
-                dtype=cfg.dtype,
-                out_dtype=jnp.float32,
-                param_dtype=cfg.param_dtype,
-                name="lm_head",
-            )("BTD,DV->BTV", x)
+        logits = output_logits(embed, x, tie=cfg.tie_embeddings)
         # The landmark is never a text token: it gets no probability.
         is_landmark = jnp.arange(cfg.vocab_size) == cfg.landmark_id
         logits = jnp.where(is_landmark, jnp.finfo(jnp.float32).min, logits)

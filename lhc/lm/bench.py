@@ -415,8 +415,30 @@ def _format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Runs the benchmark; prints the tables and returns (and optionally writes) the results."""
+def _bandwidth_floor(args, parser) -> dict[str, Any]:
+    """The bytes each decoding step reads for ``--real-config`` and the time floor they
+    set at ``--hbm-gbps``."""
+    config = _config(args.real_config)
+    if args.context_len > config.max_len:
+        parser.error(
+            f"--context-len {args.context_len} exceeds {args.real_config} max_len {config.max_len}"
+        )
+    analytic = dict(
+        config=args.real_config,
+        context_len=args.context_len,
+        batch_size=args.batch_size,
+        hbm_gbps=args.hbm_gbps,
+        num_params=count_params(config),
+        **decode_bytes_per_token(config, args.context_len, args.batch_size),
+    )
+    step_floor = analytic["bytes_per_step"] / (args.hbm_gbps * 1e9)
+    analytic["time_floor_s_per_step"] = step_floor
+    analytic["time_floor_s_per_token"] = step_floor / args.batch_size
+    analytic["max_tokens_per_s"] = args.batch_size / step_floor
+    return analytic
+
+
+def _parser():
     parser = bench.parser("lm", __doc__)
     parser.add_argument(
         "--configs", type=lambda text: bench.str_list(text) if text else [],
@@ -468,6 +490,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--prefill-impl", default="chunked")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; prints the tables and returns (and optionally writes) the results."""
+    parser = _parser()
     args = parser.parse_args(argv)
     for flag in ("batch_size", "prompt_len", "decode_steps", "repeats", "context_len"):
         if getattr(args, flag) < 1:
@@ -495,25 +523,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             measure(source, loaded.model.config, args.batch_size, args.prompt_len,
                     args.decode_steps, args.repeats, params=loaded.params)
         )  # fmt: skip
-    analytic = None
-    if args.real_config:
-        config = _config(args.real_config)
-        if args.context_len > config.max_len:
-            parser.error(
-                f"--context-len {args.context_len} exceeds {args.real_config} max_len {config.max_len}"
-            )
-        analytic = dict(
-            config=args.real_config,
-            context_len=args.context_len,
-            batch_size=args.batch_size,
-            hbm_gbps=args.hbm_gbps,
-            num_params=count_params(config),
-            **decode_bytes_per_token(config, args.context_len, args.batch_size),
-        )
-        step_floor = analytic["bytes_per_step"] / (args.hbm_gbps * 1e9)
-        analytic["time_floor_s_per_step"] = step_floor
-        analytic["time_floor_s_per_token"] = step_floor / args.batch_size
-        analytic["max_tokens_per_s"] = args.batch_size / step_floor
+    analytic = _bandwidth_floor(args, parser) if args.real_config else None
     result = dict(device=str(jax.devices()[0].device_kind), measured=measured, analytic=analytic)
     print(_format_table(result))
     if args.against == "transformers":

@@ -156,37 +156,41 @@ def positions_to_lengths(positions, slot_positions, slot_order, lengths) -> jax.
 # The cache of every token ----------------------------------------------------------------
 
 
+class SlotWriter:
+    """A writer whose attention reads the stored keys as they were before the call
+    (``positions``) and the call's own (``new_positions``), then writes the call's last
+    ``T'`` keys at ``slots`` (int32 ``[B, T']``; a slot past the end is dropped).
+
+    A subclass is a ``struct.dataclass`` with those three fields (and what else it needs).
+    """
+
+    def read(self, layers, layer, keys, values) -> KVView:
+        stored_keys, stored_values = layers
+        return KVView(
+            keys=_layer_view(stored_keys, layer),
+            values=_layer_view(stored_values, layer),
+            positions=self.positions,
+            new_keys=keys,
+            new_values=values,
+            new_positions=self.new_positions,
+        )
+
+    def write(self, layers, layer, keys, values, *, after):
+        kept = self.slots.shape[1]
+        return tuple(
+            put_slots(store, layer, self.slots, ordered_after(new[:, -kept:], after))
+            for store, new in zip(layers, (keys, values))
+        )
+
+
 @struct.dataclass
-class _KVWriter:
+class _KVWriter(SlotWriter):
     """``KVCache``'s writer for one call: where each sequence writes, what it then holds."""
 
     slots: jax.Array  # int32 [B, T], the slot of each of this call's tokens
     positions: jax.Array  # int32 [B, S], slot positions before this call
     new_positions: jax.Array  # int32 [B, T], this call's positions
     key_positions: jax.Array  # int32 [B, S], slot positions after this call
-
-    def read(self, layers, layer, keys, values):
-        return read_before_write(self, layers, layer, keys, values)
-
-    def write(self, layers, layer, keys, values, *, after):
-        return tuple(
-            put_slots(store, layer, self.slots, ordered_after(new, after))
-            for store, new in zip(layers, (keys, values))
-        )
-
-
-def read_before_write(writer, layers, layer, keys, values) -> KVView:
-    """What attention sees through a slot writer: layer ``layer``'s stored keys and
-    values as they were before this call (``writer.positions``) and the call's own."""
-    stored_keys, stored_values = layers
-    return KVView(
-        keys=_layer_view(stored_keys, layer),
-        values=_layer_view(stored_values, layer),
-        positions=writer.positions,
-        new_keys=keys,
-        new_values=values,
-        new_positions=writer.new_positions,
-    )
 
 
 def put_slots(store, layer, slots: jax.Array, update: jax.Array):
@@ -219,6 +223,16 @@ def _new_store(config, batch_size: int, slots: int):
     if getattr(config, "scan_layers", False):
         return jnp.zeros((config.num_layers, *shape), dtype)
     return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+
+
+def _empty_slots(config, batch_size: int, slots: int) -> dict[str, Any]:
+    """Zero key and value stores of ``slots`` slots, every slot empty (position -1)."""
+    return {
+        "keys": _new_store(config, batch_size, slots),
+        "values": _new_store(config, batch_size, slots),
+        "positions": jnp.full((batch_size, slots), -1, jnp.int32),
+        "lengths": jnp.zeros((batch_size,), jnp.int32),
+    }
 
 
 def store_axes(store):
@@ -370,19 +384,14 @@ def init_cache(config, batch_size: int, max_len: int) -> KVCache:
         raise ValueError(
             f"init_cache: max_len must be in [1, config.max_len={config.max_len}], got {max_len}"
         )
-    return KVCache(
-        keys=_new_store(config, batch_size, max_len),
-        values=_new_store(config, batch_size, max_len),
-        positions=jnp.full((batch_size, max_len), -1, jnp.int32),
-        lengths=jnp.zeros((batch_size,), jnp.int32),
-    )
+    return KVCache(**_empty_slots(config, batch_size, max_len))
 
 
 # The ring of the last tokens -------------------------------------------------------------
 
 
 @struct.dataclass
-class _RingWriter:
+class _RingWriter(SlotWriter):
     """``SlidingWindowKVCache``'s writer for one call.
 
     Attention reads the ring as it was and the call's own keys; the last ``slots`` of
@@ -394,16 +403,6 @@ class _RingWriter:
     positions: jax.Array  # int32 [B, S], slot positions before this call
     new_positions: jax.Array  # int32 [B, T]
     ring_positions: jax.Array  # int32 [B, S], slot positions after this call
-
-    def read(self, layers, layer, keys, values):
-        return read_before_write(self, layers, layer, keys, values)
-
-    def write(self, layers, layer, keys, values, *, after):
-        kept = self.slots.shape[1]
-        return tuple(
-            put_slots(store, layer, self.slots, ordered_after(new[:, -kept:], after))
-            for store, new in zip(layers, (keys, values))
-        )
 
 
 @struct.dataclass
@@ -542,10 +541,7 @@ def init_sliding_window_cache(
             f"init_sliding_window_cache: need 0 < window <= slots, got {window=} {slots=}"
         )
     return SlidingWindowKVCache(
-        keys=_new_store(config, batch_size, slots),
-        values=_new_store(config, batch_size, slots),
-        positions=jnp.full((batch_size, slots), -1, jnp.int32),
-        lengths=jnp.zeros((batch_size,), jnp.int32),
+        **_empty_slots(config, batch_size, slots),
         complete=jnp.ones((batch_size,), bool),
         window=int(window),
     )

@@ -92,16 +92,11 @@ class LMConfig(ModelConfig):
                "norm_type": NORM_TYPES, "mlp_type": MLP_TYPES}  # fmt: skip
     DTYPES = ("dtype", "param_dtype")
     TUPLES = ("full_attention_layers",)
+    MULTIPLES = (("num_heads", "num_kv_heads"),)
+    EVEN = ("head_dim",)  # RoPE rotates pairs
 
     def __post_init__(self):
         super().__post_init__()
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"LMConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"LMConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if not self.rope_theta > 0:
             raise ValueError(f"LMConfig.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:

@@ -467,6 +467,54 @@ def _generate_jit(
         )
 
 
+def _prompt_layout(tokens, lengths, cache, cache_len, max_len, max_new_tokens, pad_id):
+    """``generate``'s plan: the prompts left-padded to a bucketed width, each sequence's
+    first position, the bucketed output buffer and the new cache's length (``None`` when
+    continuing a cache). Raises when the prompts and ``max_new_tokens`` do not fit."""
+    batch_size, width = tokens.shape
+    if cache is None:
+        start = np.zeros((batch_size,), np.int32)
+        used = 0
+    else:
+        start = np.asarray(cache.next_positions(), np.int32)
+        used = int(np.max(np.asarray(cache.lengths))) if batch_size else 0
+        if np.asarray(cache.lengths).shape != (batch_size,):
+            raise ValueError(
+                f"cache holds {np.asarray(cache.lengths).shape[0]} sequences, prompts {batch_size}"
+            )
+    last_position = int(np.max(start + lengths)) + max_new_tokens - 1
+    if last_position >= max_len:
+        raise ValueError(
+            f"prompt width {width} + max_new_tokens {max_new_tokens} (last position "
+            f"{last_position}) exceeds the model's max_len {max_len}"
+        )
+    buffer_len = bucket_length(max_new_tokens)
+    # The cache needs width + N - 1 slots (the last token is never fed); buckets round
+    # both up, within what the model and the cache allow.
+    needed = width + max_new_tokens - 1
+    if cache is not None:
+        room = None if cache.capacity is None else cache.capacity - used
+        limit = "the cache's free capacity"
+    else:
+        room = max_len if cache_len is None else int(cache_len)
+        limit = "cache_len" if cache_len is not None else "the model's max_len"
+    if room is not None and needed > room:
+        raise ValueError(
+            f"{limit} {room} is too small for prompts of width {width} plus {max_new_tokens} "
+            f"new tokens ({needed} slots; the last token is never fed)"
+        )
+    bucketed = bucket_length(width)
+    if room is not None:
+        bucketed = max(width, min(bucketed, room - max_new_tokens + 1))
+    if bucketed > width:
+        padding = np.full((batch_size, bucketed - width), pad_id, np.int32)
+        tokens = np.concatenate([padding, tokens], axis=1)
+    if cache is None and cache_len is None:
+        # One spare slot keeps the length a multiple of 16 (it shards evenly).
+        cache_len = min(max_len, bucketed + buffer_len)
+    return tokens, start, buffer_len, None if cache is not None else int(cache_len)
+
+
 def generate(
     model: nn.Module,
     params: Any,
@@ -530,48 +578,9 @@ def generate(
         raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
-    max_len = model.config.max_len
-    batch_size, width = tokens.shape
-    if cache is None:
-        start = np.zeros((batch_size,), np.int32)
-        used = 0
-    else:
-        start = np.asarray(cache.next_positions(), np.int32)
-        used = int(np.max(np.asarray(cache.lengths))) if batch_size else 0
-        if np.asarray(cache.lengths).shape != (batch_size,):
-            raise ValueError(
-                f"cache holds {np.asarray(cache.lengths).shape[0]} sequences, prompts {batch_size}"
-            )
-    last_position = int(np.max(start + lengths)) + max_new_tokens - 1
-    if last_position >= max_len:
-        raise ValueError(
-            f"prompt width {width} + max_new_tokens {max_new_tokens} (last position "
-            f"{last_position}) exceeds the model's max_len {max_len}"
-        )
-    buffer_len = bucket_length(max_new_tokens)
-    # The cache needs width + N - 1 slots (the last token is never fed); buckets round
-    # both up, within what the model and the cache allow.
-    needed = width + max_new_tokens - 1
-    if cache is not None:
-        room = None if cache.capacity is None else cache.capacity - used
-        limit = "the cache's free capacity"
-    else:
-        room = max_len if cache_len is None else int(cache_len)
-        limit = "cache_len" if cache_len is not None else "the model's max_len"
-    if room is not None and needed > room:
-        raise ValueError(
-            f"{limit} {room} is too small for prompts of width {width} plus {max_new_tokens} "
-            f"new tokens ({needed} slots; the last token is never fed)"
-        )
-    bucketed = bucket_length(width)
-    if room is not None:
-        bucketed = max(width, min(bucketed, room - max_new_tokens + 1))
-    if bucketed > width:
-        padding = np.full((batch_size, bucketed - width), pad_id, np.int32)
-        tokens = np.concatenate([padding, tokens], axis=1)
-    if cache is None and cache_len is None:
-        # One spare slot keeps the length a multiple of 16 (it shards evenly).
-        cache_len = min(max_len, bucketed + buffer_len)
+    tokens, start, buffer_len, cache_len = _prompt_layout(
+        tokens, lengths, cache, cache_len, model.config.max_len, max_new_tokens, pad_id
+    )
     rules = static_rules(mesh, rules)
     sampling_arrays = sampling.as_arrays()
     with mesh_context(mesh):
@@ -590,7 +599,7 @@ def generate(
             hook_state,
             intervention,
             buffer_len=buffer_len,
-            cache_len=None if cache is not None else int(cache_len),
+            cache_len=cache_len,
             prefill_chunk=int(prefill_chunk),
             step_hook=step_hook,
             rules=rules,

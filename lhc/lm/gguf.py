@@ -430,19 +430,9 @@ def load(
 ) -> tuple[LMConfig, dict[str, Any]]:
     """Loads a Llama, Qwen2 or Mistral GGUF file (quantized tensors are dequantized).
 
-    Args:
-        path: the ``.gguf`` file.
-        dtype: compute and storage dtype of the returned config and parameters
-            (``overrides`` may set ``param_dtype`` separately).
-        mesh: if given, every parameter is placed with its logical sharding under
-            ``rules`` (default ``lhc.parallel.LOGICAL_AXIS_RULES``), one at a time.
-        rules: logical-axis rules for ``mesh``.
-        **overrides: further ``LMConfig`` fields, e.g. ``scan_layers=True``,
-            ``max_len=32768``, ``attention_impl="..."``, ``kernel_layout="out_in"``.
-
-    Returns:
-        ``(config, params)``; parameters are jax arrays in the layout of
-        ``config.scan_layers``.
+    The arguments and the result are ``lhc.lm.hf.load``'s, with ``path`` the ``.gguf``
+    file: ``(config, params)`` in ``dtype`` (``overrides`` are further ``LMConfig``
+    fields, e.g. ``kernel_layout="out_in"``), placed on ``mesh`` one at a time if given.
 
     Raises:
         FileNotFoundError: no file at ``path``.

@@ -59,7 +59,7 @@ from lhc.lm.cache import (
 from lhc.lm.config import LMConfig
 from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.intervention import Intervention, apply_edit
-from lhc.nn.linear import KERNEL_LAYOUTS, Einsum, Embed
+from lhc.nn.linear import KERNEL_LAYOUTS, Embed, output_logits
 from lhc.nn.mlp import GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import remat_policy
@@ -441,19 +441,7 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         x = norm_layer(cfg, "final_norm")(x)
-        if cfg.tie_embeddings:
-            logits = embed.decode(x)
-        else:
-            head = Einsum(
-                shape=(cfg.embed_dim, cfg.vocab_size),
-                logical_axes=("embed", "vocab"),
-                dtype=dtype,
-                out_dtype=jnp.float32,
-                param_dtype=param_dtype,
-                kernel_layout=cfg.kernel_layout,
-                name="lm_head",
-            )
-            logits = head("BTD,DV->BTV", x)
+        logits = output_logits(embed, x, tie=cfg.tie_embeddings, kernel_layout=cfg.kernel_layout)
         logits = nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
 
         if cache is None:

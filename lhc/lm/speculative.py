@@ -361,6 +361,43 @@ class _LoopState:
     drafted: jax.Array
 
 
+def _draft_prompts(drafter, tokens, lengths, draft_prompts, draft_prompt_lengths, pad_id, vocab):
+    """The drafter's prompts (the target's when ``draft_prompts`` is None), checked."""
+    if draft_prompts is None:
+        return tokens, lengths
+    if isinstance(drafter, SelfDrafter):
+        raise ValueError("a SelfDrafter shares the target's cache: it reads the target prompt")
+    draft_tokens, draft_lengths = prepare_prompts(
+        draft_prompts, draft_prompt_lengths, pad_id, vocab
+    )
+    if draft_tokens.shape[0] != tokens.shape[0] or (draft_tokens[:, -1] != tokens[:, -1]).any():
+        raise ValueError(
+            "draft_prompts must have one prompt per target prompt, each ending with the "
+            f"target prompt's last token; got last tokens {draft_tokens[:, -1].tolist()} "
+            f"for {tokens[:, -1].tolist()}"
+        )
+    return draft_tokens, draft_lengths
+
+
+def _target_start(target_cache, shape, cache_len: int, max_new_tokens: int) -> np.ndarray:
+    """Each sequence's first target position: 0, or the next position of ``target_cache``
+    when it has room for ``cache_len`` more slots."""
+    batch, width = shape
+    if target_cache is None:
+        return np.zeros((batch,), np.int32)
+    start = np.asarray(target_cache.next_positions(), np.int32)
+    if start.shape != (batch,):
+        raise ValueError(f"target_cache holds {start.shape[0]} sequences, prompts {batch}")
+    used = int(np.max(np.asarray(target_cache.lengths)))
+    capacity = target_cache.capacity
+    if capacity is not None and used + cache_len > capacity:
+        raise ValueError(
+            f"target_cache has {capacity - used} free slots; prompt width {width} + "
+            f"max_new_tokens {max_new_tokens} + num_draft + 1 needs {cache_len}"
+        )
+    return start
+
+
 def speculative_generate(
     target: nn.Module,
     target_params: Any,
@@ -430,20 +467,9 @@ def speculative_generate(
             f"draft vocab_size {drafter.config.vocab_size} differs from the target's {vocab}"
         )
     tokens, lengths = prepare_prompts(prompts, prompt_lengths, pad_id, vocab)
-    if draft_prompts is None:
-        draft_tokens, draft_lengths = tokens, lengths
-    else:
-        if isinstance(drafter, SelfDrafter):
-            raise ValueError("a SelfDrafter shares the target's cache: it reads the target prompt")
-        draft_tokens, draft_lengths = prepare_prompts(
-            draft_prompts, draft_prompt_lengths, pad_id, vocab
-        )
-        if draft_tokens.shape[0] != tokens.shape[0] or (draft_tokens[:, -1] != tokens[:, -1]).any():
-            raise ValueError(
-                "draft_prompts must have one prompt per target prompt, each ending with the "
-                f"target prompt's last token; got last tokens {draft_tokens[:, -1].tolist()} "
-                f"for {tokens[:, -1].tolist()}"
-            )
+    draft_tokens, draft_lengths = _draft_prompts(
+        drafter, tokens, lengths, draft_prompts, draft_prompt_lengths, pad_id, vocab
+    )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if num_draft < 1:
@@ -452,21 +478,7 @@ def speculative_generate(
     # by up to num_draft tokens before it stops.
     extra = max_new_tokens + num_draft + 1
     cache_len, draft_cache_len = tokens.shape[1] + extra, draft_tokens.shape[1] + extra
-    start = np.zeros((tokens.shape[0],), np.int32)
-    if target_cache is not None:
-        start = np.asarray(target_cache.next_positions(), np.int32)
-        if start.shape != (tokens.shape[0],):
-            raise ValueError(
-                f"target_cache holds {start.shape[0]} sequences, prompts {tokens.shape[0]}"
-            )
-        used = int(np.max(np.asarray(target_cache.lengths)))
-        capacity = target_cache.capacity
-        if capacity is not None and used + cache_len > capacity:
-            raise ValueError(
-                f"target_cache has {capacity - used} free slots; prompt width "
-                f"{tokens.shape[1]} + max_new_tokens {max_new_tokens} + num_draft + 1 needs "
-                f"{cache_len}"
-            )
+    start = _target_start(target_cache, tokens.shape, cache_len, max_new_tokens)
     for name, model, needed in (
         ("target", target, int(start.max(initial=0)) + cache_len),
         ("draft", drafter, draft_cache_len),

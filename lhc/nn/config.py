@@ -10,6 +10,8 @@ A config subclasses ``ModelConfig`` (as a frozen dataclass) and names its checks
         CHOICES = {"norm_type": ("rmsnorm", "layernorm")}
         DTYPES = ("dtype", "param_dtype")               # stored as names: "bfloat16"
         TUPLES = ("upper_layers",)                      # lists become tuples
+        MULTIPLES = (("num_heads", "num_kv_heads"),)    # the first a multiple of the second
+        EVEN = ("head_dim",)                            # even ints (RoPE's pairs)
 
         vocab_size: int
         ...
@@ -74,6 +76,8 @@ class ModelConfig:
     CHOICES: ClassVar[Mapping[str, tuple]] = {}
     DTYPES: ClassVar[tuple[str, ...]] = ()
     TUPLES: ClassVar[tuple[str, ...]] = ()
+    MULTIPLES: ClassVar[tuple[tuple[str, str], ...]] = ()
+    EVEN: ClassVar[tuple[str, ...]] = ()
     # What errors about unknown or missing keys call the config (default: the class name).
     KEYS_NAME: ClassVar[str | None] = None
 
@@ -100,6 +104,15 @@ class ModelConfig:
             value = getattr(self, field)
             if isinstance(value, list):
                 object.__setattr__(self, field, tuple(value))
+        for field, divisor in self.MULTIPLES:
+            if getattr(self, field) % getattr(self, divisor):
+                raise ValueError(
+                    f"{name}.{field} ({getattr(self, field)}) must be a multiple of {divisor} "
+                    f"({getattr(self, divisor)})"
+                )
+        for field in self.EVEN:
+            if getattr(self, field) % 2:
+                raise ValueError(f"{name}.{field} must be even, got {getattr(self, field)}")
 
     @classmethod
     def field_names(cls) -> list[str]:

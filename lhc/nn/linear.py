@@ -204,3 +204,25 @@ class Embed(nn.Module):
         return jnp.einsum(
             "BTD,VD->BTV", x.astype(self.dtype), table, preferred_element_type=jnp.float32
         )
+
+
+def output_logits(
+    embed: Embed, x: jax.Array, *, tie: bool, kernel_layout: str = "in_out"
+) -> jax.Array:
+    """float32 logits ``[B, T, V]`` of ``x`` ``[B, T, D]``: the tied projection
+    ``embed.decode``, or an untied ``lm_head`` (``[D, V]``, in ``embed``'s dtypes).
+
+    Called from a module's compact method (the head belongs to that module).
+    """
+    if tie:
+        return embed.decode(x)
+    head = Einsum(
+        shape=(embed.embed_dim, embed.vocab_size),
+        logical_axes=("embed", "vocab"),
+        dtype=embed.dtype,
+        out_dtype=jnp.float32,
+        param_dtype=embed.param_dtype,
+        kernel_layout=kernel_layout,
+        name="lm_head",
+    )
+    return head("BTD,DV->BTV", x)

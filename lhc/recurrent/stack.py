@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax.numpy as jnp
 
-from lhc.nn import Einsum, Embed, RMSNorm
+from lhc.nn import Embed, RMSNorm, output_logits
 from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache, layer_history
 
@@ -150,13 +150,7 @@ def recurrent_lm_forward(
     x = RMSNorm(epsilon=c.norm_eps, dtype=c.dtype, param_dtype=c.param_dtype, name="final_norm")(x)
     if last_only:
         x = x[:, -1:]
-    if c.tie_embeddings:
-        logits = embed.decode(x)
-    else:
-        logits = Einsum((c.embed_dim, c.vocab_size), ("embed", "vocab"), dtype=c.dtype,
-                        out_dtype=jnp.float32, param_dtype=c.param_dtype,
-                        name="lm_head")("BTD,DV->BTV", x)  # fmt: skip
-    logits = logits.astype(jnp.float32)
+    logits = output_logits(embed, x, tie=c.tie_embeddings)
     if cache is None:
         return logits, None
     new_cache = cache.appended({name: jnp.stack(h) for name, h in history.items()}, positions, tail)
