@@ -32,10 +32,26 @@ MODELS = {
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, data="", env="", model="dt", target=0.0, rtg_scale=1000.0,
-                    layers=3, width=128, heads=1, context=20, dropout=0.1, steps=10000,
-                    lr=1e-4, batch=64, episodes=5, eval_every=2000, seed=0,
-                    runlocal=False)  # fmt: skip
+    arg = parse_arg(
+        arg,
+        data="",
+        env="",
+        model="dt",
+        target=0.0,
+        rtg_scale=1000.0,
+        layers=3,
+        width=128,
+        heads=1,
+        context=20,
+        dropout=0.1,
+        steps=10000,
+        lr=1e-4,
+        batch=64,
+        episodes=5,
+        eval_every=2000,
+        seed=0,
+        runlocal=False,
+    )
     if arg.model not in MODELS:
         raise ValueError(f"model: expected one of {sorted(MODELS)}, got {arg.model!r}")
     config = base_config("lhc.dm.task:DecisionTask")
@@ -47,20 +63,37 @@ def get_config(arg=None):
     config.checkpoint_every = 2000
     target = float(arg.target) or TARGETS.get(str(arg.env).split("-")[0].lower(), 0.0)
     config.data = ml_collections.ConfigDict(
-        dict(path=arg.data, env=arg.env, target_return=target, rtg_scale=float(arg.rtg_scale),
-             max_ep_len=1000, eval_episodes=1 if arg.runlocal else int(arg.episodes))
-    )  # fmt: skip
+        dict(
+            path=arg.data,
+            env=arg.env,
+            target_return=target,
+            rtg_scale=float(arg.rtg_scale),
+            max_ep_len=1000,
+            eval_episodes=1 if arg.runlocal else int(arg.episodes),
+        )
+    )
     model = dict(router=False, aux=True, fixed_capacity=None) | MODELS[arg.model]
     config.model = ml_collections.ConfigDict(
-        dict(num_layers=2 if arg.runlocal else int(arg.layers),
-             embed_dim=16 if arg.runlocal else int(arg.width),
-             num_heads=1 if arg.runlocal else int(arg.heads),
-             context=4 if arg.runlocal else int(arg.context),
-             dropout=float(arg.dropout), **model)
-    )  # fmt: skip
+        dict(
+            num_layers=2 if arg.runlocal else int(arg.layers),
+            embed_dim=16 if arg.runlocal else int(arg.width),
+            num_heads=1 if arg.runlocal else int(arg.heads),
+            context=4 if arg.runlocal else int(arg.context),
+            dropout=float(arg.dropout),
+            **model,
+        )
+    )
     config.optimizer = ml_collections.ConfigDict(
-        dict(name="adamw", learning_rate=float(arg.lr), warmup_steps=max(config.num_steps // 10, 1),
-             schedule="constant", b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4,
-             grad_clip_norm=0.25)
-    )  # fmt: skip
+        dict(
+            name="adamw",
+            learning_rate=float(arg.lr),
+            warmup_steps=max(config.num_steps // 10, 1),
+            schedule="constant",
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=1e-4,
+            grad_clip_norm=0.25,
+        )
+    )
     return config

@@ -44,10 +44,20 @@ def get_config(arg=None):
     config.log_every = 50
     config.checkpoint_every = 500
     config.data = ml_collections.ConfigDict(
-        dict(name="manyshot", shots=8 if arg.runlocal else 16, min_shots=4,
-             modality=arg.modality, classes=4, keywords=1, input_length=1, noise=0.1,
-             image_size=8, patch=8, pixel_noise=0.3)
-    )  # fmt: skip
+        dict(
+            name="manyshot",
+            shots=8 if arg.runlocal else 16,
+            min_shots=4,
+            modality=arg.modality,
+            classes=4,
+            keywords=1,
+            input_length=1,
+            noise=0.1,
+            image_size=8,
+            patch=8,
+            pixel_noise=0.3,
+        )
+    )
     config.model = model_section(
         LMConfig,
         vocab_size=260,
@@ -60,7 +70,13 @@ def get_config(arg=None):
         max_len=2048,
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 20, 1),
-                     end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)
-    )  # fmt: skip
+        adamw_cosine(
+            config.num_steps,
+            float(arg.lr),
+            warmup_steps=max(config.num_steps // 20, 1),
+            end_lr_fraction=0.1,
+            b2=0.98,
+            weight_decay=0.0,
+        )
+    )
     return config

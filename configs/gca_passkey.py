@@ -61,17 +61,34 @@ def get_config(arg=None):
         config.model_factory = "lhc.gca:gca_from_config"
         # What differs from GCAConfig's defaults (the landmark is vocab_size - 1).
         config.model = model_section(
-            GCAConfig, vocab_size=VOCAB, embed_dim=WIDTH, num_heads=HEADS, num_kv_heads=HEADS,
-            head_dim=WIDTH // HEADS, mlp_dim=MLP, lower_layers=2, encoder_layers=1,
-            upper_layers=(2,), chunk_size=32, top_k=4, window=65,
-        )  # fmt: skip
+            GCAConfig,
+            vocab_size=VOCAB,
+            embed_dim=WIDTH,
+            num_heads=HEADS,
+            num_kv_heads=HEADS,
+            head_dim=WIDTH // HEADS,
+            mlp_dim=MLP,
+            lower_layers=2,
+            encoder_layers=1,
+            upper_layers=(2,),
+            chunk_size=32,
+            top_k=4,
+            window=65,
+        )
     else:
         config.model_factory = "lhc.lm.factories:transformer_from_config"
         # What differs from LMConfig's defaults.
         config.model = model_section(
-            LMConfig, vocab_size=VOCAB, num_layers=4, embed_dim=WIDTH, num_heads=HEADS,
-            num_kv_heads=HEADS, head_dim=WIDTH // HEADS, mlp_dim=MLP, max_len=32_768,
+            LMConfig,
+            vocab_size=VOCAB,
+            num_layers=4,
+            embed_dim=WIDTH,
+            num_heads=HEADS,
+            num_kv_heads=HEADS,
+            head_dim=WIDTH // HEADS,
+            mlp_dim=MLP,
+            max_len=32_768,
             tie_embeddings=True,
-        )  # fmt: skip
+        )
     config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
     return config

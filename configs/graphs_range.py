@@ -20,9 +20,21 @@ from lhc.train.optim import adamw_cosine
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, depth=4, layer="gcn", width=64, operator="power", k=5,
-                    interaction="copy", graph_level=False, activation="relu", steps=1000, lr=3e-3, batch=32,
-                    runlocal=False)  # fmt: skip
+    arg = parse_arg(
+        arg,
+        depth=4,
+        layer="gcn",
+        width=64,
+        operator="power",
+        k=5,
+        interaction="copy",
+        graph_level=False,
+        activation="relu",
+        steps=1000,
+        lr=3e-3,
+        batch=32,
+        runlocal=False,
+    )
     config = base_config("lhc.graphs.task:RangeTask")
     config.seed = 0
     config.num_steps = 4 if arg.runlocal else int(arg.steps)
@@ -32,10 +44,19 @@ def get_config(arg=None):
     config.checkpoint_every = 500
     side = 4 if arg.runlocal else 16
     config.data = ml_collections.ConfigDict(
-        dict(graph="grid", rows=side, cols=side, operator=arg.operator, k=int(arg.k),
-             interaction=arg.interaction, graph_level=bool(arg.graph_level), channels=1,
-             eval_graphs=1 if arg.runlocal else 4, chunk_size=128)
-    )  # fmt: skip
+        dict(
+            graph="grid",
+            rows=side,
+            cols=side,
+            operator=arg.operator,
+            k=int(arg.k),
+            interaction=arg.interaction,
+            graph_level=bool(arg.graph_level),
+            channels=1,
+            eval_graphs=1 if arg.runlocal else 4,
+            chunk_size=128,
+        )
+    )
     config.model = ml_collections.ConfigDict(
         dict(
             layer=arg.layer,

@@ -33,8 +33,10 @@ from lhc.train.optim import adamw_cosine
 def _stages(arg) -> list[dict]:
     """Without separator for ``plain_steps``, then with it in half the prompts for
     ``mixed_steps``."""
-    stages = [dict(steps=int(arg.plain_steps), separator=False),
-              dict(steps=int(arg.mixed_steps), separator=0.5)]  # fmt: skip
+    stages = [
+        dict(steps=int(arg.plain_steps), separator=False),
+        dict(steps=int(arg.mixed_steps), separator=0.5),
+    ]
     stages = [s for s in stages if s["steps"] > 0]
     if arg.runlocal:  # one step of each
         stages = [dict(s, steps=1) for s in stages]
@@ -42,8 +44,18 @@ def _stages(arg) -> list[dict]:
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, steps=5000, lr=3e-3, batch=64, classes=2, shots=1, width=28,
-                    plain_steps=2000, mixed_steps=0, runlocal=False)  # fmt: skip
+    arg = parse_arg(
+        arg,
+        steps=5000,
+        lr=3e-3,
+        batch=64,
+        classes=2,
+        shots=1,
+        width=28,
+        plain_steps=2000,
+        mixed_steps=0,
+        runlocal=False,
+    )
     config = base_config("lhc.icl.classification:PretrainTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
@@ -53,10 +65,17 @@ def get_config(arg=None):
     config.eval_every = 500
     config.checkpoint_every = 500
     config.data = ml_collections.ConfigDict(
-        dict(name="icl_classification", max_classes=int(arg.classes), max_shots=int(arg.shots),
-             width=int(arg.width), keywords=1, input_length=1, noise=0.1,
-             stages=_stages(arg))
-    )  # fmt: skip
+        dict(
+            name="icl_classification",
+            max_classes=int(arg.classes),
+            max_shots=int(arg.shots),
+            width=int(arg.width),
+            keywords=1,
+            input_length=1,
+            noise=0.1,
+            stages=_stages(arg),
+        )
+    )
     config.model = model_section(
         LMConfig,
         vocab_size=256,
@@ -70,7 +89,13 @@ def get_config(arg=None):
         scan_layers=True,
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 20, 1),
-                     end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)
-    )  # fmt: skip
+        adamw_cosine(
+            config.num_steps,
+            float(arg.lr),
+            warmup_steps=max(config.num_steps // 20, 1),
+            end_lr_fraction=0.1,
+            b2=0.98,
+            weight_decay=0.0,
+        )
+    )
     return config

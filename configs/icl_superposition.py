@@ -26,8 +26,9 @@ SIZES = {
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, size="small", kind="bias_add", demos=20, steps=2000, lr=1e-3,
-                    batch=64, runlocal=False)  # fmt: skip
+    arg = parse_arg(
+        arg, size="small", kind="bias_add", demos=20, steps=2000, lr=1e-3, batch=64, runlocal=False
+    )
     if arg.size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {arg.size!r}")
     config = base_config("lhc.icl.superposition:SuperpositionTask")
@@ -50,7 +51,13 @@ def get_config(arg=None):
         **size,
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, float(arg.lr), warmup_steps=max(config.num_steps // 10, 1),
-                     end_lr_fraction=0.1, b2=0.98, weight_decay=0.01)
-    )  # fmt: skip
+        adamw_cosine(
+            config.num_steps,
+            float(arg.lr),
+            warmup_steps=max(config.num_steps // 10, 1),
+            end_lr_fraction=0.1,
+            b2=0.98,
+            weight_decay=0.01,
+        )
+    )
     return config

@@ -66,7 +66,13 @@ def get_config(arg=None):
         max_len=seq_len,
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, lr, warmup_steps=max(config.num_steps // 20, 1),
-                     end_lr_fraction=0.1, b2=0.98, weight_decay=0.0)
-    )  # fmt: skip
+        adamw_cosine(
+            config.num_steps,
+            lr,
+            warmup_steps=max(config.num_steps // 20, 1),
+            end_lr_fraction=0.1,
+            b2=0.98,
+            weight_decay=0.0,
+        )
+    )
     return config

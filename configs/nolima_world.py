@@ -30,21 +30,40 @@ from lhc.train.optim import adamw_cosine
 _MODELS = {
     "decoder": (
         "lhc.lm.factories:transformer_from_config",
-        dict(vocab_size=259, num_layers=4, embed_dim=128, num_heads=4, num_kv_heads=4,
-             head_dim=32, mlp_dim=256, max_len=1 << 17, tie_embeddings=True),
+        dict(
+            vocab_size=259,
+            num_layers=4,
+            embed_dim=128,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=32,
+            mlp_dim=256,
+            max_len=1 << 17,
+            tie_embeddings=True,
+        ),
     ),
     "gca": (
         "lhc.gca:gca_from_config",
-        dict(vocab_size=260, embed_dim=64, num_heads=2, num_kv_heads=2, head_dim=32, mlp_dim=128,
-             lower_layers=2, encoder_layers=1, upper_layers=(2,), chunk_size=32, top_k=4,
-             window=65),
+        dict(
+            vocab_size=260,
+            embed_dim=64,
+            num_heads=2,
+            num_kv_heads=2,
+            head_dim=32,
+            mlp_dim=128,
+            lower_layers=2,
+            encoder_layers=1,
+            upper_layers=(2,),
+            chunk_size=32,
+            top_k=4,
+            window=65,
+        ),
     ),
     "mamba2": (
         "lhc.recurrent.factories:mamba2_from_config",
-        dict(vocab_size=259, num_layers=2, embed_dim=64, head_dim=16, state_dim=16,
-             chunk_size=64),
+        dict(vocab_size=259, num_layers=2, embed_dim=64, head_dim=16, state_dim=16, chunk_size=64),
     ),
-}  # fmt: skip
+}
 
 
 _CONFIG_CLASSES = {"decoder": LMConfig, "gca": GCAConfig, "mamba2": Mamba2Config}
@@ -64,9 +83,15 @@ def get_config(arg=None):
     config.checkpoint_every = 500
     config.world = ml_collections.ConfigDict(dict(regions=4, cities=3, landmarks=3, seed=0))
     config.data = ml_collections.ConfigDict(
-        dict(length=512, min_length=128, decoy_rate=0.2, min_decoys=2,
-             question_types=("onehop", "twohop", "direct"), lm_loss_weight=1.0)
-    )  # fmt: skip
+        dict(
+            length=512,
+            min_length=128,
+            decoy_rate=0.2,
+            min_decoys=2,
+            question_types=("onehop", "twohop", "direct"),
+            lm_loss_weight=1.0,
+        )
+    )
     config.model_factory = factory
     config.model = model_section(_CONFIG_CLASSES[arg.model], **fields)
     config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))

@@ -38,9 +38,15 @@ def get_config(arg=None):
         dict(length=512, filler_paths=None, digits=5, lm_loss_weight=1.0)
     )
     config.passkey_eval = ml_collections.ConfigDict(
-        dict(lengths=(), depths=(0.0, 0.5, 1.0), samples=4, batch_size=4, prefill_chunk=512,
-             output_dir="")
-    )  # fmt: skip
+        dict(
+            lengths=(),
+            depths=(0.0, 0.5, 1.0),
+            samples=4,
+            batch_size=4,
+            prefill_chunk=512,
+            output_dir="",
+        )
+    )
     config.model_factory = "lhc.lm.factories:transformer_from_config"
     config.model = model_section(
         LMConfig,

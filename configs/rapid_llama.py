@@ -60,7 +60,14 @@ def get_config(arg=None):
         dict(chunk_size=512, method="bm25", min_budget=4096, ratio=24.0)
     )
     config.decoding = ml_collections.ConfigDict(
-        dict(gamma=10, eta=setup["eta"], alpha=0.1, temperature=0.1, top_p=1.0,
-             new_tokens=256, prefill_chunk=2048)
-    )  # fmt: skip
+        dict(
+            gamma=10,
+            eta=setup["eta"],
+            alpha=0.1,
+            temperature=0.1,
+            top_p=1.0,
+            new_tokens=256,
+            prefill_chunk=2048,
+        )
+    )
     return config

@@ -35,10 +35,17 @@ _MODELS = {
     ),
     "gla": (
         "lhc.recurrent.factories:gla_from_config",
-        dict(num_layers=2, embed_dim=64, num_heads=2, key_dim=16, value_dim=32, mlp_dim=128,
-             chunk_size=64),
+        dict(
+            num_layers=2,
+            embed_dim=64,
+            num_heads=2,
+            key_dim=16,
+            value_dim=32,
+            mlp_dim=128,
+            chunk_size=64,
+        ),
     ),
-}  # fmt: skip
+}
 
 
 def get_config(arg=None):

@@ -84,10 +84,24 @@ def _check(q, k_upper, k_scale, v_scale, key_positions, cut, bits, impl):
 
 
 def quant_kv_attention(
-    q, k_upper, k_lower, k_scale, k_min, v_upper, v_lower, v_scale, v_min, key_positions, cut,
-    *, bits: int = 8, scale: float | None = None, impl: str = "pallas", backend: str | None = None,
+    q,
+    k_upper,
+    k_lower,
+    k_scale,
+    k_min,
+    v_upper,
+    v_lower,
+    v_scale,
+    v_min,
+    key_positions,
+    cut,
+    *,
+    bits: int = 8,
+    scale: float | None = None,
+    impl: str = "pallas",
+    backend: str | None = None,
     interpret=None,
-):  # fmt: skip
+):
     """Attention of ``q`` over the quantized store (see the module docstring).
 
     Returns:
@@ -100,18 +114,36 @@ def quant_kv_attention(
     backend, interpret = resolve_backend(impl, backend, interpret)
     if backend == "xla":
         return quant_kv_attention_reference(
-            q, k_upper, k_lower, k_scale, k_min, v_upper, v_lower, v_scale, v_min,
-            key_positions, cut, bits=bits, scale=scale,
-        )  # fmt: skip
+            q,
+            k_upper,
+            k_lower,
+            k_scale,
+            k_min,
+            v_upper,
+            v_lower,
+            v_scale,
+            v_min,
+            key_positions,
+            cut,
+            bits=bits,
+            scale=scale,
+        )
     if group != q.shape[-1]:
         raise ValueError(
             f"impl='pallas' needs value groups of the whole head (G = head_dim = "
             f"{q.shape[-1]}), got G = {group}; use impl='xla'"
         )
     return _pallas(
-        q, (k_upper, k_lower, k_scale, k_min, v_upper, v_lower, v_scale, v_min), key_positions,
-        cut, bits=bits, scale=scale, group=group, backend=backend, interpret=interpret,
-    )  # fmt: skip
+        q,
+        (k_upper, k_lower, k_scale, k_min, v_upper, v_lower, v_scale, v_min),
+        key_positions,
+        cut,
+        bits=bits,
+        scale=scale,
+        group=group,
+        backend=backend,
+        interpret=interpret,
+    )
 
 
 def merge_attention(parts):
@@ -130,8 +162,28 @@ def merge_attention(parts):
 # --------------------------------------------------------------------------------------
 
 
-def _kernel(qe_ref, qo_ref, cut_ref, pos_ref, ku_ref, kl_ref, kse_ref, kso_ref, kme_ref,
-            kmo_ref, vu_ref, vl_ref, vs_ref, vm_ref, oe_ref, oo_ref, lse_ref, *, bits, group):  # fmt: skip
+def _kernel(
+    qe_ref,
+    qo_ref,
+    cut_ref,
+    pos_ref,
+    ku_ref,
+    kl_ref,
+    kse_ref,
+    kso_ref,
+    kme_ref,
+    kmo_ref,
+    vu_ref,
+    vl_ref,
+    vs_ref,
+    vm_ref,
+    oe_ref,
+    oo_ref,
+    lse_ref,
+    *,
+    bits,
+    group,
+):
     """One kv head, one key group. Blocks: qe, qo [Q, H/2]; cut [Q, 1]; pos [1, G];
     codes [G, H/2]; key scales and minima (even / odd channels) [1, H/2]; value scale and
     minimum [G, 1]; outputs [Q, H/2] twice and [Q, 1]."""
@@ -161,8 +213,9 @@ def _kernel(qe_ref, qo_ref, cut_ref, pos_ref, ku_ref, kl_ref, kse_ref, kso_ref, 
     inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
     oe_ref[...] = matmul(probs, v_even, NN) * inverse
     oo_ref[...] = matmul(probs, v_odd, NN) * inverse
-    lse_ref[...] = jnp.where(total > 0, top + jnp.log(jnp.where(total > 0, total, 1.0)),
-                             DEFAULT_MASK_VALUE)  # fmt: skip
+    lse_ref[...] = jnp.where(
+        total > 0, top + jnp.log(jnp.where(total > 0, total, 1.0)), DEFAULT_MASK_VALUE
+    )
 
 
 def _pallas(q, store, key_positions, cut, *, bits, scale, group, backend, interpret):
@@ -205,9 +258,22 @@ def _pallas(q, store, key_positions, cut, *, bits, scale, group, backend, interp
     out_even, out_odd, lse = pl.pallas_call(
         functools.partial(_kernel, bits=bits, group=group),
         grid=(b, kv, blocks),
-        in_specs=[query_spec, query_spec, cut_spec, pos_spec, code_spec, code_spec,
-                  key_scale_spec, key_scale_spec, key_scale_spec, key_scale_spec,
-                  code_spec, code_spec, value_scale_spec, value_scale_spec],  # fmt: skip
+        in_specs=[
+            query_spec,
+            query_spec,
+            cut_spec,
+            pos_spec,
+            code_spec,
+            code_spec,
+            key_scale_spec,
+            key_scale_spec,
+            key_scale_spec,
+            key_scale_spec,
+            code_spec,
+            code_spec,
+            value_scale_spec,
+            value_scale_spec,
+        ],
         out_specs=[out_spec, out_spec, lse_spec],
         out_shape=[
             jax.ShapeDtypeStruct((b, kv, blocks, padded, half), jnp.float32),
@@ -217,8 +283,22 @@ def _pallas(q, store, key_positions, cut, *, bits, scale, group, backend, interp
         compiler_params=params,
         interpret=interpret,
         name="quant_kv_attention",
-    )(q_even, q_odd, cut_rows, positions, k_upper, k_lower, kse, kso, kme, kmo,
-      v_upper, v_lower, v_scale, v_min)  # fmt: skip
+    )(
+        q_even,
+        q_odd,
+        cut_rows,
+        positions,
+        k_upper,
+        k_lower,
+        kse,
+        kso,
+        kme,
+        kmo,
+        v_upper,
+        v_lower,
+        v_scale,
+        v_min,
+    )
     # Merge the key groups (split-K) by their log-sum-exps, then interleave the channels.
     lse = lse[..., 0]  # [B, K, NB, Q]
     top = jnp.max(lse, axis=2, keepdims=True)
@@ -243,9 +323,19 @@ def _pallas(q, store, key_positions, cut, *, bits, scale, group, backend, interp
 
 
 def buffer_attention(
-    q, keys, values, key_slots, key_positions, query_positions, cut, *, scale: float | None = None,
-    impl: str = "pallas", backend: str | None = None, interpret=None,
-):  # fmt: skip
+    q,
+    keys,
+    values,
+    key_slots,
+    key_positions,
+    query_positions,
+    cut,
+    *,
+    scale: float | None = None,
+    impl: str = "pallas",
+    backend: str | None = None,
+    interpret=None,
+):
     """Attention of ``q [B, T, N, H]`` over full-precision keys and values ``[B, L, K,
     H]`` (the buffer's recent tokens followed by the call's own), each with its slot and
     position ``[B, L]``: a query of row ``t`` sees a key whose slot is at least
@@ -311,7 +401,7 @@ def buffer_attention(
             key_vector_spec,
             vector_spec,
             vector_spec,
-        ],  # fmt: skip
+        ],
         out_specs=[row_spec, lse_spec],
         out_shape=[
             jax.ShapeDtypeStruct((b, kv, padded_rows, h), jnp.float32),
@@ -385,9 +475,21 @@ def _unpack(codes):
 
 
 def quant_kv_attention_reference(
-    q, k_upper, k_lower, k_scale, k_min, v_upper, v_lower, v_scale, v_min, key_positions, cut,
-    *, bits: int = 8, scale: float | None = None,
-):  # fmt: skip
+    q,
+    k_upper,
+    k_lower,
+    k_scale,
+    k_min,
+    v_upper,
+    v_lower,
+    v_scale,
+    v_min,
+    key_positions,
+    cut,
+    *,
+    bits: int = 8,
+    scale: float | None = None,
+):
     """``quant_kv_attention`` by dequantizing the whole store and one masked softmax."""
     b, t, n, h = q.shape
     kv, s = k_upper.shape[1], k_upper.shape[2]

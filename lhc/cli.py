@@ -176,15 +176,24 @@ def _generate(args) -> int:
         checkpoint = load_language_model(args.checkpoint, args.workdir, **kwargs)
         if len(prompts) == 1:
             replies = generate_text(
-                checkpoint, prompts, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                sampling=sampling, seed=args.seed,
+                checkpoint,
+                prompts,
+                chat=args.chat,
+                max_new_tokens=args.max_new_tokens,
+                sampling=sampling,
+                seed=args.seed,
                 on_text=lambda row, text: print(text, end="", flush=True),
-            )  # fmt: skip
+            )
             print()
         else:
-            replies = generate_text(checkpoint, prompts, chat=args.chat,
-                                    max_new_tokens=args.max_new_tokens, sampling=sampling,
-                                    seed=args.seed)  # fmt: skip
+            replies = generate_text(
+                checkpoint,
+                prompts,
+                chat=args.chat,
+                max_new_tokens=args.max_new_tokens,
+                sampling=sampling,
+                seed=args.seed,
+            )
             for index, reply in enumerate(replies):
                 print(f"[{index}] {reply}")
     except (FileNotFoundError, ValueError, RuntimeError) as error:

@@ -151,8 +151,9 @@ def curves(
     for label, (x, y) in lines.items():
         axis.plot(x, y, marker=marker, label=label)
     for reference in references:
-        axis.axhline(reference.y, color=reference.color, ls=reference.linestyle,
-                     label=reference.label)  # fmt: skip
+        axis.axhline(
+            reference.y, color=reference.color, ls=reference.linestyle, label=reference.label
+        )
     if log_x_base is not None:
         axis.set_xscale("log", base=log_x_base)
     axis.set_xlabel(xlabel)

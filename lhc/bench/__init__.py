@@ -56,9 +56,10 @@ def parser(name: str, description: str | None) -> argparse.ArgumentParser:
     """``lhc bench NAME``'s parser: the description's first paragraph, and ``--json``."""
     first = (description or "").strip().split("\n\n")[0]
     result = argparse.ArgumentParser(
-        prog=f"lhc bench {name}", description=first,
+        prog=f"lhc bench {name}",
+        description=first,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     result.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     return result
 
@@ -92,16 +93,19 @@ str_list = _list_of(str.strip, "names", positive=False)
 
 
 def add_model_source(
-    parser_: argparse.ArgumentParser, *, workdir_help: str = "an lhc training run",
+    parser_: argparse.ArgumentParser,
+    *,
+    workdir_help: str = "an lhc training run",
     required: bool = True,
-) -> None:  # fmt: skip
+) -> None:
     """``--checkpoint`` (a Hugging Face directory, a ``.gguf`` file or a name of
     ``lhc.lm.pretrained_models.MODELS``), ``--workdir`` and ``--dtype``."""
     source = parser_.add_mutually_exclusive_group(required=required)
     source.add_argument(
-        "--checkpoint", default=None,
+        "--checkpoint",
+        default=None,
         help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct",
-    )  # fmt: skip
+    )
     source.add_argument("--workdir", default=None, help=workdir_help)
     parser_.add_argument(
         "--dtype", default=None, help="for --checkpoint: float32 on CPU, bfloat16 elsewhere"
@@ -171,7 +175,7 @@ def best_time(fn: Callable[[], Any], repeats: int) -> float:
 
 def interleaved_best(
     fns: Mapping[str, Callable[[], Any]], repeats: int, *, between: Callable[[], Any] | None = None
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """The fastest of ``repeats`` calls of each function, the functions called in turn
     in every repeat (after one untimed call each), so that a slow spell of a shared
     machine hits all of them alike; ``between`` runs after each call (e.g. a bandwidth
@@ -218,12 +222,16 @@ def markdown_table(columns: Sequence[tuple], rows: Sequence[Mapping[str, Any]]) 
     is an empty cell."""
     columns = [(c[0], c[1], c[2] if len(c) > 2 else "") for c in columns]
     numeric = [
-        any(isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
-            for row in rows)
+        any(
+            isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+            for row in rows
+        )
         for _, key, _ in columns
-    ]  # fmt: skip
-    lines = ["| " + " | ".join(header for header, _, _ in columns) + " |",
-             "|" + "".join("---:|" if n else "---|" for n in numeric)]  # fmt: skip
+    ]
+    lines = [
+        "| " + " | ".join(header for header, _, _ in columns) + " |",
+        "|" + "".join("---:|" if n else "---|" for n in numeric),
+    ]
     for row in rows:
         lines.append(
             "| " + " | ".join(_cell(row.get(key), spec) for _, key, spec in columns) + " |"
@@ -237,8 +245,10 @@ def footer() -> str:
 
     device = jax.devices()[0]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"device: {device.device_kind} ({device.platform}, {jax.device_count()} devices, "
-            f"{os.cpu_count()} host CPUs); jax {jax.__version__}; {now}")  # fmt: skip
+    return (
+        f"device: {device.device_kind} ({device.platform}, {jax.device_count()} devices, "
+        f"{os.cpu_count()} host CPUs); jax {jax.__version__}; {now}"
+    )
 
 
 def finish(result: dict, args: argparse.Namespace) -> dict:

@@ -46,7 +46,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the semi-final",
             "the season opener",
         ),
-    ),  # fmt: skip
+    ),
     "food": (
         (
             "The chef",
@@ -65,7 +65,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the garlic pasta",
             "a bowl of rice and beans",
         ),
-    ),  # fmt: skip
+    ),
     "weather": (
         (
             "A cold front",
@@ -91,7 +91,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the eastern plains",
             "the islands this weekend",
         ),
-    ),  # fmt: skip
+    ),
     "music": (
         (
             "The orchestra",
@@ -110,7 +110,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "a piano concerto",
             "the opening melody",
         ),
-    ),  # fmt: skip
+    ),
     "science": (
         (
             "The physicist",
@@ -136,7 +136,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the magnetic field",
             "the ancient rock samples",
         ),
-    ),  # fmt: skip
+    ),
     "politics": (
         (
             "The senator",
@@ -155,7 +155,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the immigration law",
             "the coalition deal",
         ),
-    ),  # fmt: skip
+    ),
     "travel": (
         (
             "The tourists",
@@ -181,7 +181,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the alpine villages",
             "the famous temples",
         ),
-    ),  # fmt: skip
+    ),
     "health": (
         ("The doctor", "The nurse", "My dentist", "The patient", "The surgeon", "The pharmacist"),
         ("prescribed", "treated", "recommended", "examined", "operated on", "monitored"),
@@ -193,7 +193,7 @@ TOPICS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
             "the infected tooth",
             "the flu symptoms",
         ),
-    ),  # fmt: skip
+    ),
 }
 LABEL_KINDS = ("names", "letters")
 

@@ -76,9 +76,16 @@ MODELS = {
 def model_config(model: str, size: str) -> DMConfig:
     """The ``DMConfig`` of ``model`` (a name of ``MODELS``) at ``size``."""
     layers, heads, width, context, capacity_hidden = SIZES[size]
-    return DMConfig(state_dim=STATE_DIM, action_dim=ACTION_DIM, context=context,
-                    embed_dim=width, num_layers=layers, num_heads=heads,
-                    capacity_hidden=capacity_hidden, **MODELS[model][0])  # fmt: skip
+    return DMConfig(
+        state_dim=STATE_DIM,
+        action_dim=ACTION_DIM,
+        context=context,
+        embed_dim=width,
+        num_layers=layers,
+        num_heads=heads,
+        capacity_hidden=capacity_hidden,
+        **MODELS[model][0],
+    )
 
 
 def windows(config: DMConfig, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -89,12 +96,22 @@ def windows(config: DMConfig, batch: int, seed: int = 0) -> dict[str, np.ndarray
     for _ in range(batch):
         history = rollout.History.start(rng.normal(size=config.state_dim), TARGET_RETURN)
         for _ in range(2 * config.context):
-            history.step(rng.uniform(-1, 1, config.action_dim), rng.normal(3.0, 1.0),
-                         rng.normal(size=config.state_dim))  # fmt: skip
-        inputs.append(rollout.window(
-            history, config.context, state_mean=0.0, state_std=1.0, rtg_scale=RTG_SCALE,
-            max_ep_len=config.max_ep_len, action_dim=config.action_dim,
-        ))  # fmt: skip
+            history.step(
+                rng.uniform(-1, 1, config.action_dim),
+                rng.normal(3.0, 1.0),
+                rng.normal(size=config.state_dim),
+            )
+        inputs.append(
+            rollout.window(
+                history,
+                config.context,
+                state_mean=0.0,
+                state_std=1.0,
+                rtg_scale=RTG_SCALE,
+                max_ep_len=config.max_ep_len,
+                action_dim=config.action_dim,
+            )
+        )
     return {key: np.concatenate([w[key] for w in inputs]) for key in inputs[0]}
 
 
@@ -110,8 +127,9 @@ def _policy(model: DecisionModel, selection: str):
     return act
 
 
-def measure(models, size: str = "paper", batches=(1,), repeats: int = 3,
-            seed: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+def measure(
+    models, size: str = "paper", batches=(1,), repeats: int = 3, seed: int = 0
+) -> list[dict[str, Any]]:
     """One row per model and batch: seconds per call, actions per second, parameters,
     FLOPs per action, tokens selected per routed layer (mean over the batch) and their
     mean fraction of the window (None for the Decision Transformer)."""
@@ -132,27 +150,33 @@ def measure(models, size: str = "paper", batches=(1,), repeats: int = 3,
         config = configs[name]
         _, selected = jax.device_get(call())
         counts = [float(np.mean(c)) for c in selected]
-        rows.append({
-            "model": name,
-            "selection": MODELS[name][1] if config.router else None,
-            "batch": batch,
-            "seconds": best[name, batch],
-            "actions_per_s": batch / best[name, batch],
-            "parameters": parameters[name],
-            "flops_per_action": flops_per_action(config, counts if config.router else None),
-            "selected_tokens": counts,
-            "selected_fraction": float(np.mean(counts)) / config.num_tokens if counts else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": name,
+                "selection": MODELS[name][1] if config.router else None,
+                "batch": batch,
+                "seconds": best[name, batch],
+                "actions_per_s": batch / best[name, batch],
+                "parameters": parameters[name],
+                "flops_per_action": flops_per_action(config, counts if config.router else None),
+                "selected_tokens": counts,
+                "selected_fraction": float(np.mean(counts)) / config.num_tokens if counts else None,
+            }
+        )
     return rows
 
 
 def table(rows) -> str:
     dt_flops = next((row["flops_per_action"] for row in rows if row["model"] == "dt"), None)
     shown = [
-        {**row, "ms": 1e3 * row["seconds"], "mflops": row["flops_per_action"] / 1e6,
-         "vs_dt": dt_flops and row["flops_per_action"] / dt_flops}
+        {
+            **row,
+            "ms": 1e3 * row["seconds"],
+            "mflops": row["flops_per_action"] / 1e6,
+            "vs_dt": dt_flops and row["flops_per_action"] / dt_flops,
+        }
         for row in rows
-    ]  # fmt: skip
+    ]
     return bench.markdown_table(
         [("model", "model"), ("selection", "selection"), ("batch", "batch"),
          ("ms / call", "ms", ".2f"), ("actions/s", "actions_per_s", ".1f"),
@@ -183,11 +207,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         parser.error(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
     layers, heads, width, context, capacity_hidden = SIZES[args.size]
-    print(f"{args.size} size: layers {layers}, heads {heads}, width {width}, K {context} "
-          f"({3 * context} tokens), capacity MLP {capacity_hidden}; state {STATE_DIM}, "
-          f"action {ACTION_DIM}; random weights (seed {args.seed})\n")  # fmt: skip
+    print(
+        f"{args.size} size: layers {layers}, heads {heads}, width {width}, K {context} "
+        f"({3 * context} tokens), capacity MLP {capacity_hidden}; state {STATE_DIM}, "
+        f"action {ACTION_DIM}; random weights (seed {args.seed})\n"
+    )
     rows = measure(args.models, args.size, args.batches, args.repeats, args.seed)
     print(table(rows))
-    sizes = dict(layers=layers, heads=heads, width=width, context=context,
-                 capacity_hidden=capacity_hidden, state_dim=STATE_DIM, action_dim=ACTION_DIM)  # fmt: skip
+    sizes = dict(
+        layers=layers,
+        heads=heads,
+        width=width,
+        context=context,
+        capacity_hidden=capacity_hidden,
+        state_dim=STATE_DIM,
+        action_dim=ACTION_DIM,
+    )
     return bench.finish({"size": args.size, "sizes": sizes, "rows": rows}, args)

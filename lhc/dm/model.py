@@ -89,8 +89,16 @@ class DMConfig(ModelConfig):
     capacity_hidden: int = 512
     temperature: float = 1.0
 
-    POSITIVE = ("state_dim", "action_dim", "context", "embed_dim", "num_layers", "num_heads",
-                "max_ep_len", "capacity_hidden")  # fmt: skip
+    POSITIVE = (
+        "state_dim",
+        "action_dim",
+        "context",
+        "embed_dim",
+        "num_layers",
+        "num_heads",
+        "max_ep_len",
+        "capacity_hidden",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -144,17 +152,24 @@ class Block(nn.Module):
         # nn.DenseGeneral did (fan-in D, and N H) and, with N H contracted as one axis F,
         # compute its outputs to the last bit.
         qkv = Einsum(
-            (width, 3, cfg.num_heads, head_dim), ("embed", None, "heads", "kv"), use_bias=True,
-            kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2, 3)), name="qkv",
-        )("BTD,DCNH->BTCNH", h)  # fmt: skip
+            (width, 3, cfg.num_heads, head_dim),
+            ("embed", None, "heads", "kv"),
+            use_bias=True,
+            kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2, 3)),
+            name="qkv",
+        )("BTD,DCNH->BTCNH", h)
         query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         query_positions = jnp.broadcast_to(jnp.arange(tokens), (batch, tokens))
         out = dot_product_attention(query, key, value, query_positions, key_positions)
         out = Einsum(
-            (cfg.num_heads, head_dim, width), ("heads", "kv", "embed"), in_dims=2, use_bias=True,
+            (cfg.num_heads, head_dim, width),
+            ("heads", "kv", "embed"),
+            in_dims=2,
+            use_bias=True,
             kernel_init=nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
-            equation_shape=(width, width), name="attention_out",
-        )("BTF,FD->BTD", out.reshape(batch, tokens, width))  # fmt: skip
+            equation_shape=(width, width),
+            name="attention_out",
+        )("BTF,FD->BTD", out.reshape(batch, tokens, width))
         x = x + nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
         h = LayerNorm(use_bias=True, name="ln_mlp")(x)
         out = GeluMLP(4 * width, name="mlp")(h)
@@ -213,8 +228,9 @@ class Router(nn.Module):
         routed = scores[..., None] * block_out
         mix = mix[..., None].astype(x.dtype)
         out = mix * routed + (1 - mix) * x
-        return out, dict(selected=hard, topk=hard_topk, capacity=capacity,
-                         aux_logits=aux_logits, scores=scores)  # fmt: skip
+        return out, dict(
+            selected=hard, topk=hard_topk, capacity=capacity, aux_logits=aux_logits, scores=scores
+        )
 
 
 class DecisionModel(nn.Module):
@@ -229,16 +245,26 @@ class DecisionModel(nn.Module):
     config: DMConfig
 
     @nn.compact
-    def __call__(self, states, actions, returns_to_go, timesteps, mask=None, *,
-                 selection: str = "topk", deterministic: bool = True):  # fmt: skip
+    def __call__(
+        self,
+        states,
+        actions,
+        returns_to_go,
+        timesteps,
+        mask=None,
+        *,
+        selection: str = "topk",
+        deterministic: bool = True,
+    ):
         cfg = self.config
         batch, steps, _ = states.shape
         if mask is None:
             mask = jnp.ones((batch, steps), bool)
         # nn.Embed's initialisation.
         embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
-        time = Embed(cfg.max_ep_len, cfg.embed_dim, embedding_init=embed_init,
-                     name="embed_timestep").encode(timesteps)  # fmt: skip
+        time = Embed(
+            cfg.max_ep_len, cfg.embed_dim, embedding_init=embed_init, name="embed_timestep"
+        ).encode(timesteps)
         embed = lambda name: _dense(cfg.embed_dim, (None, "embed"), name)  # noqa: E731
         tokens = jnp.stack(
             [

@@ -65,8 +65,9 @@ def table(runs: list[dict]) -> str:
     lines = []
     for dataset in sorted({key[0] for key in groups}):
         models = sorted((m for d, m in groups if d == dataset), key=lambda m: order.get(m, 99))
-        normalized = any("eval/normalized_mean" in r["record"] for m in models
-                         for r in groups[dataset, m])  # fmt: skip
+        normalized = any(
+            "eval/normalized_mean" in r["record"] for m in models for r in groups[dataset, m]
+        )
         lines += [
             f"{dataset} (mean ± std over seeds of each run's mean over episodes):",
             f"{'model':<9} {'seeds':>5} {'step':>6} {'return':>19} "
@@ -77,18 +78,19 @@ def table(runs: list[dict]) -> str:
             group = sorted(groups[dataset, model], key=lambda r: r["seed"])
             records = [r["record"] for r in group]
             routed = sorted(k for k in records[0] if k.startswith("eval/selected_tokens_"))
-            selected = " ".join(
-                f"{np.mean([r[k] for r in records]):.1f}" for k in routed
-            )  # fmt: skip
+            selected = " ".join(f"{np.mean([r[k] for r in records]):.1f}" for k in routed)
             lines.append(
                 f"{model:<9} {len(group):>5} {records[0]['step']:>6} "
                 f"{_spread([r['eval/return_mean'] for r in records], 1):>19} "
-                + (f"{_spread([r['eval/normalized_mean'] for r in records], 1):>15} "
-                   if normalized else "")
+                + (
+                    f"{_spread([r['eval/normalized_mean'] for r in records], 1):>15} "
+                    if normalized
+                    else ""
+                )
                 + f"{_spread([r['eval/action_mse'] for r in records], 4):>17} "
                 f"{np.mean([r['eval/flops_per_action'] for r in records]) / 1e6:>13.2f} "
                 f"{selected or '-'}"
-            )  # fmt: skip
+            )
         lines.append("")
     return "\n".join(lines)
 

@@ -42,8 +42,16 @@ class History:
         self.returns_to_go.append(self.returns_to_go[-1] - float(reward))
 
 
-def window(history: History, context: int, *, state_mean, state_std, rtg_scale: float,
-           max_ep_len: int, action_dim: int) -> dict[str, np.ndarray]:  # fmt: skip
+def window(
+    history: History,
+    context: int,
+    *,
+    state_mean,
+    state_std,
+    rtg_scale: float,
+    max_ep_len: int,
+    action_dim: int,
+) -> dict[str, np.ndarray]:
     """The model's inputs for the newest step: a batch of one left-padded window."""
     steps = len(history.states)
     start = max(0, steps - context)
@@ -85,9 +93,19 @@ def make_policy(model, params, selection: str) -> Callable[[dict], tuple[np.ndar
     return policy
 
 
-def rollout(env: gym.Env, policy, *, target_return: float, context: int, state_mean,
-            state_std, rtg_scale: float, max_ep_len: int, seed: int,
-            action_scale=1.0) -> dict:  # fmt: skip
+def rollout(
+    env: gym.Env,
+    policy,
+    *,
+    target_return: float,
+    context: int,
+    state_mean,
+    state_std,
+    rtg_scale: float,
+    max_ep_len: int,
+    seed: int,
+    action_scale=1.0,
+) -> dict:
     """One episode; returns its ``return``, ``length``, the per-step mean number of
     selected tokens per routed layer (``selected``) and the ``history``. The model acts
     in ``[-1, 1]``; the environment gets ``action * action_scale``."""
@@ -96,8 +114,15 @@ def rollout(env: gym.Env, policy, *, target_return: float, context: int, state_m
     total, counts = 0.0, []
     action_dim = int(np.prod(env.action_space.shape))
     for _ in range(max_ep_len):
-        inputs = window(history, context, state_mean=state_mean, state_std=state_std,
-                        rtg_scale=rtg_scale, max_ep_len=max_ep_len, action_dim=action_dim)  # fmt: skip
+        inputs = window(
+            history,
+            context,
+            state_mean=state_mean,
+            state_std=state_std,
+            rtg_scale=rtg_scale,
+            max_ep_len=max_ep_len,
+            action_dim=action_dim,
+        )
         action, selected = policy(inputs)
         counts.append(selected)
         state, reward, terminated, truncated, _ = env.step(action * action_scale)

@@ -53,10 +53,14 @@ class DecisionTask(Task):
             max_ep_len=int(data.max_ep_len),
         )
         try:
-            self.model_config = DMConfig.from_dict(dict(
-                fields, state_dim=self.dataset.observations.shape[1],
-                action_dim=self.dataset.actions.shape[1], max_ep_len=int(data.max_ep_len),
-            ))  # fmt: skip
+            self.model_config = DMConfig.from_dict(
+                dict(
+                    fields,
+                    state_dim=self.dataset.observations.shape[1],
+                    action_dim=self.dataset.actions.shape[1],
+                    max_ep_len=int(data.max_ep_len),
+                )
+            )
         except ValueError as error:
             raise ValueError(f"config.model: {error}") from error
         # The model acts in [-1, 1] (tanh); actions are divided by the environment's bounds.
@@ -114,9 +118,12 @@ class DecisionTask(Task):
 
     def _loss(self, params, batch, rng, deterministic: bool):
         predicted, aux = self.model.apply(
-            {"params": params}, **self._inputs(batch), selection="topk",
-            deterministic=deterministic, rngs={"dropout": rng},
-        )  # fmt: skip
+            {"params": params},
+            **self._inputs(batch),
+            selection="topk",
+            deterministic=deterministic,
+            rngs={"dropout": rng},
+        )
         weights = batch["mask"][..., None]
         count = jnp.maximum(weights.sum() * predicted.shape[-1], 1.0)
         mse = (((predicted - batch["actions"]) ** 2) * weights).sum() / count
@@ -158,7 +165,7 @@ class DecisionTask(Task):
                 max_ep_len=int(data.max_ep_len),
                 seed=seed,
                 action_scale=self.action_scale,
-            )  # fmt: skip
+            )
             for seed in range(episodes)
         ]
         env.close()

@@ -70,8 +70,16 @@ def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
     def row(method, delta, memory, seconds):
         kept = float(np.mean(memory.sizes()) / context)
         accuracy = _accuracy(model, params, memory, queries, answers)
-        rows.append(dict(method=method, delta=delta, accuracy=accuracy, kept=kept,
-                         memory_kib=memory.nbytes() / 1024, seconds=seconds))  # fmt: skip
+        rows.append(
+            dict(
+                method=method,
+                delta=delta,
+                accuracy=accuracy,
+                kept=kept,
+                memory_kib=memory.nbytes() / 1024,
+                seconds=seconds,
+            )
+        )
 
     began = time.perf_counter()
     full = baselines.uniform_memory(model, params, demos, 1.0)
@@ -107,13 +115,21 @@ def run(args) -> dict:
         patch_model, patch_params, task, trained_shots, step = _load(args.workdir)
         args.shots = args.shots or trained_shots
         model, params = lm.Transformer(patch_model.config), patch_params["lm"]
-        make_episode = _generated_episodes(patch_model, patch_params, task, args.shots,
-                                           args.queries)  # fmt: skip
+        make_episode = _generated_episodes(
+            patch_model, patch_params, task, args.shots, args.queries
+        )
         kind = task.modality
-    print(f"model: {args.workdir or args.checkpoint} (step {step}), {kind}, {args.shots} shots, "
-          f"{args.episodes} episodes x {args.queries} queries", flush=True)  # fmt: skip
-    return dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step,
-                **evaluate(model, params, make_episode, kind, args))  # fmt: skip
+    print(
+        f"model: {args.workdir or args.checkpoint} (step {step}), {kind}, {args.shots} shots, "
+        f"{args.episodes} episodes x {args.queries} queries",
+        flush=True,
+    )
+    return dict(
+        workdir=args.workdir,
+        checkpoint=args.checkpoint,
+        step=step,
+        **evaluate(model, params, make_episode, kind, args),
+    )
 
 
 def evaluate(model, params, make_episode, kind: str, args) -> dict:
@@ -128,29 +144,56 @@ def evaluate(model, params, make_episode, kind: str, args) -> dict:
     for method, delta in keys:
         group = [r for r in rows if r["method"] == method and r["delta"] == delta]
         table.append(
-            dict(method=method, delta=delta, episodes=len(group),
-                 **{k: float(np.mean([r[k] for r in group]))
-                    for k in ("accuracy", "kept", "memory_kib", "seconds")})
-        )  # fmt: skip
-    columns = [("method", "method"), ("delta", "delta", "g"), ("accuracy", "accuracy", ".3f"),
-               ("kept", "kept", ".3f"), ("memory (KiB)", "memory_kib", ".1f"),
-               ("compression (s)", "seconds", ".2f")]  # fmt: skip
+            dict(
+                method=method,
+                delta=delta,
+                episodes=len(group),
+                **{
+                    k: float(np.mean([r[k] for r in group]))
+                    for k in ("accuracy", "kept", "memory_kib", "seconds")
+                },
+            )
+        )
+    columns = [
+        ("method", "method"),
+        ("delta", "delta", "g"),
+        ("accuracy", "accuracy", ".3f"),
+        ("kept", "kept", ".3f"),
+        ("memory (KiB)", "memory_kib", ".1f"),
+        ("compression (s)", "seconds", ".2f"),
+    ]
     shown = [dict(t, delta="—") if t["delta"] is None else t for t in table]
     print("\n" + bench.markdown_table(columns, shown))
-    return dict(modality=kind, shots=args.shots,
-                episodes=args.episodes, queries=args.queries, chunk_size=args.chunk_size,
-                ratios=list(args.ratios), table=table, rows=rows)  # fmt: skip
+    return dict(
+        modality=kind,
+        shots=args.shots,
+        episodes=args.episodes,
+        queries=args.queries,
+        chunk_size=args.chunk_size,
+        ratios=list(args.ratios),
+        table=table,
+        rows=rows,
+    )
 
 
 def _parser():
     p = bench.parser("emloc", __doc__)
     bench.add_model_source(p, workdir_help="a model of configs/emloc_manyshot.py")
-    p.add_argument("--topics", type=bench.str_list, default="sports,food,weather,music",
-                   help="with --checkpoint: English topic classification (lhc.data.topics)")  # fmt: skip
-    p.add_argument("--labels", default="names", choices=("names", "letters"),
-                   help="with --checkpoint: the topics' names or letters")  # fmt: skip
-    p.add_argument("--shots", type=int, default=0,
-                   help="default: the training shots (16 with --checkpoint)")  # fmt: skip
+    p.add_argument(
+        "--topics",
+        type=bench.str_list,
+        default="sports,food,weather,music",
+        help="with --checkpoint: English topic classification (lhc.data.topics)",
+    )
+    p.add_argument(
+        "--labels",
+        default="names",
+        choices=("names", "letters"),
+        help="with --checkpoint: the topics' names or letters",
+    )
+    p.add_argument(
+        "--shots", type=int, default=0, help="default: the training shots (16 with --checkpoint)"
+    )
     p.add_argument("--episodes", type=int, default=8)
     p.add_argument("--queries", type=int, default=20)
     p.add_argument("--chunk-size", type=int, default=4, help="demonstrations per chunk")

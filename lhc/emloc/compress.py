@@ -217,9 +217,16 @@ def _answer_log_probs(logits: jax.Array, probe: jax.Array) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("model",))
 def _teacher(model, params, memory, tokens, positions, embeddings, embedded, probe):
     (logits, _), state = _apply(
-        model, params, memory, tokens, positions, embeddings, embedded,
-        probe=probe, mutable=["intermediates"],
-    )  # fmt: skip
+        model,
+        params,
+        memory,
+        tokens,
+        positions,
+        embeddings,
+        embedded,
+        probe=probe,
+        mutable=["intermediates"],
+    )
     inter = state["intermediates"]
     layers = [inter[f"layers_{i}"] for i in range(model.config.num_layers)]
     inputs = [layer["layer_input"][0] for layer in layers]
@@ -407,9 +414,14 @@ def _compress_chunk(model, params, memory, chunk, config, index):
 
     def mean_js(candidate, layer):
         student = _student(
-            model, params, candidate, jnp.asarray(row_positions), inputs[layer], probe_j,
+            model,
+            params,
+            candidate,
+            jnp.asarray(row_positions),
+            inputs[layer],
+            probe_j,
             start=layer,
-        )  # fmt: skip
+        )
         js = js_divergence(teacher, student)
         return float(jnp.sum(jnp.where(valid_j, js, 0.0)) / jnp.sum(valid_j))
 

@@ -48,9 +48,17 @@ def bench_configs(max_len: int) -> tuple[GCAConfig, LMConfig]:
     2 lower layers, a 1-layer encoder, 2 upper layers) and the dense 4-layer model of the
     same width, heads and MLP."""
     gca = GCAConfig.paper_128m(
-        vocab_size=512, embed_dim=256, num_heads=4, num_kv_heads=4, mlp_dim=768,
-        lower_layers=2, encoder_layers=1, upper_layers=(2,), landmark_id=None, max_len=max_len,
-    )  # fmt: skip
+        vocab_size=512,
+        embed_dim=256,
+        num_heads=4,
+        num_kv_heads=4,
+        mlp_dim=768,
+        lower_layers=2,
+        encoder_layers=1,
+        upper_layers=(2,),
+        landmark_id=None,
+        max_len=max_len,
+    )
     dense = LMConfig(
         vocab_size=gca.vocab_size,
         num_layers=gca.lower_layers + sum(gca.upper_layers),
@@ -217,15 +225,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     shown = []
     for row in rows:
         gca, dense = row["gca_s_per_token"], row.get("dense_s_per_token")
-        shown.append(dict(
-            context=row["context"], gca_ms=1e3 * gca, vs_first=gca / base,
-            offload_ms=1e3 * row["gca_offload_s_per_token"],
-            dense_ms=None if dense is None else 1e3 * dense,
-            dense_vs_gca=None if dense is None else dense / gca,
-            gca_mib=mib(row, "gca", "device"), offload_mib=mib(row, "gca_offload", "device"),
-            offload_host_mib=mib(row, "gca_offload", "host"),
-            dense_mib=mib(row, "dense", "device") if f"dense_{memory_key}" in row else None,
-        ))  # fmt: skip
+        shown.append(
+            dict(
+                context=row["context"],
+                gca_ms=1e3 * gca,
+                vs_first=gca / base,
+                offload_ms=1e3 * row["gca_offload_s_per_token"],
+                dense_ms=None if dense is None else 1e3 * dense,
+                dense_vs_gca=None if dense is None else dense / gca,
+                gca_mib=mib(row, "gca", "device"),
+                offload_mib=mib(row, "gca_offload", "device"),
+                offload_host_mib=mib(row, "gca_offload", "host"),
+                dense_mib=mib(row, "dense", "device") if f"dense_{memory_key}" in row else None,
+            )
+        )
     columns = [
         ("context", "context"), ("GCA ms/token", "gca_ms", ".2f"),
         ("vs first", "vs_first", ".2fx"),
@@ -247,9 +260,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark; prints the rows, the table and the goals; returns ``{"rows": rows}``."""
     parser = bench.parser("gca", __doc__)
     parser.add_argument(
-        "--contexts", type=bench.int_list, default=list(DEFAULT_CONTEXTS),
+        "--contexts",
+        type=bench.int_list,
+        default=list(DEFAULT_CONTEXTS),
         help="comma-separated context lengths; the first is the reference of 'vs first'",
-    )  # fmt: skip
+    )
     parser.add_argument("--steps", type=int, default=16, help="decoded tokens per timed loop")
     parser.add_argument("--repeats", type=int, default=3, help="timed loops (the best counts)")
     parser.add_argument(

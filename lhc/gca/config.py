@@ -79,8 +79,18 @@ class GCAConfig(ModelConfig):
     dtype: str = "float32"
     param_dtype: str = "float32"
 
-    POSITIVE = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
-                "encoder_layers", "top_k", "window", "max_len")  # fmt: skip
+    POSITIVE = (
+        "vocab_size",
+        "embed_dim",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "mlp_dim",
+        "encoder_layers",
+        "top_k",
+        "window",
+        "max_len",
+    )
     NON_NEGATIVE = ("lower_layers",)
     CHOICES = {"gca_impl": GCA_IMPLS}
     MULTIPLES = (("num_heads", "num_kv_heads"),)
@@ -146,9 +156,21 @@ class GCAConfig(ModelConfig):
     @classmethod
     def tiny(cls, **overrides: Any) -> GCAConfig:
         """A model small enough for unit tests on a CPU (8-position chunks)."""
-        values = dict(vocab_size=64, embed_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                      mlp_dim=64, lower_layers=1, encoder_layers=1, upper_layers=(1,),
-                      chunk_size=8, top_k=2, window=12, max_len=4096)  # fmt: skip
+        values = dict(
+            vocab_size=64,
+            embed_dim=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            mlp_dim=64,
+            lower_layers=1,
+            encoder_layers=1,
+            upper_layers=(1,),
+            chunk_size=8,
+            top_k=2,
+            window=12,
+            max_len=4096,
+        )
         return cls(**{**values, **overrides})
 
     @classmethod
@@ -156,10 +178,21 @@ class GCAConfig(ModelConfig):
         """The paper's 128M setting (the official ``config_63``): d=768, 12 heads of 64,
         6 lower layers, a 2-layer encoder, one group of 6 upper layers, 64-position chunks,
         top-8 retrieval, window 512, GPT-2 vocabulary with the landmark as id 50264."""
-        values = dict(vocab_size=50_265, embed_dim=768, num_heads=12, num_kv_heads=12,
-                      head_dim=64, mlp_dim=2048, lower_layers=6, encoder_layers=2,
-                      upper_layers=(6,), chunk_size=64, top_k=8, window=513,
-                      landmark_id=50_264)  # fmt: skip
+        values = dict(
+            vocab_size=50_265,
+            embed_dim=768,
+            num_heads=12,
+            num_kv_heads=12,
+            head_dim=64,
+            mlp_dim=2048,
+            lower_layers=6,
+            encoder_layers=2,
+            upper_layers=(6,),
+            chunk_size=64,
+            top_k=8,
+            window=513,
+            landmark_id=50_264,
+        )
         return cls(**{**values, **overrides})
 
 

@@ -30,13 +30,21 @@ from lhc.graphs.models import GNN
 from lhc.graphs.synthetic import grid_graph
 
 
-def _model_fn(side: int, layers: int, width: int, out_channels: int, graph_level: bool,
-              seed: int = 0):  # fmt: skip
+def _model_fn(
+    side: int, layers: int, width: int, out_channels: int, graph_level: bool, seed: int = 0
+):
     adjacency = grid_graph(side, side)
     n = side * side
     graphs = from_adjacencies([adjacency], [np.zeros((n, 1), np.float32)])
-    model = GNN(layer="gcn", num_layers=layers, hidden_dim=width, out_dim=out_channels,
-                residual=True, graph_level=graph_level, activation="gelu")  # fmt: skip
+    model = GNN(
+        layer="gcn",
+        num_layers=layers,
+        hidden_dim=width,
+        out_dim=out_channels,
+        residual=True,
+        graph_level=graph_level,
+        activation="gelu",
+    )
     params = model.init(jax.random.key(seed), graphs)["params"]
 
     def fn(x):
@@ -81,25 +89,32 @@ def measure(
 def table(rows, args) -> str:
     mib = lambda value: None if value is None else value / 2**20  # noqa: E731
     shown = [
-        {**r, "time_ratio": r["full_s"] / r["chunked_s"], "full_mib": mib(r["full_bytes"]),
-         "chunked_mib": mib(r["chunked_bytes"]),
-         "memory_ratio": r["full_bytes"] / r["chunked_bytes"]
-         if r["full_bytes"] and r["chunked_bytes"] else None}
+        {
+            **r,
+            "time_ratio": r["full_s"] / r["chunked_s"],
+            "full_mib": mib(r["full_bytes"]),
+            "chunked_mib": mib(r["chunked_bytes"]),
+            "memory_ratio": r["full_bytes"] / r["chunked_bytes"]
+            if r["full_bytes"] and r["chunked_bytes"]
+            else None,
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     columns = [
         ("influence", "kind"), ("nodes", "nodes"), ("full s", "full_s", ".3f"),
         ("chunked s", "chunked_s", ".3f"), ("time ratio", "time_ratio", ".2fx"),
         ("full MiB", "full_mib", ".1f"), ("chunked MiB", "chunked_mib", ".1f"),
         ("memory ratio", "memory_ratio", ".1fx"), ("rel. diff", "relative_difference", ".1e"),
     ]  # fmt: skip
-    return "\n\n".join([
-        f"GCN with skips and GELUs, {args.layers} layers, width {args.width}, "
-        f"{args.out_channels} output channels, random weights; chunk size {args.chunk_size}",
-        bench.markdown_table(columns, shown),
-        "time ratio = full / chunked (above 1: chunked faster); memory ratio the same; "
-        "no memory figure where XLA gives none",
-    ])  # fmt: skip
+    return "\n\n".join(
+        [
+            f"GCN with skips and GELUs, {args.layers} layers, width {args.width}, "
+            f"{args.out_channels} output channels, random weights; chunk size {args.chunk_size}",
+            bench.markdown_table(columns, shown),
+            "time ratio = full / chunked (above 1: chunked faster); memory ratio the same; "
+            "no memory figure where XLA gives none",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -117,8 +132,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    settings = dict(layers=args.layers, width=args.width, out_channels=args.out_channels,
-                    chunk_size=args.chunk_size, repeats=args.repeats)  # fmt: skip
+    settings = dict(
+        layers=args.layers,
+        width=args.width,
+        out_channels=args.out_channels,
+        chunk_size=args.chunk_size,
+        repeats=args.repeats,
+    )
     rows = measure(args.sides, args.hessian_sides, **settings)
     print(table(rows, args))
     return bench.finish({"rows": rows, "settings": settings}, args)

@@ -84,9 +84,13 @@ class GCNLayer(nn.Module):
         width = h.shape[-1]
         scale = jax.lax.rsqrt(in_degrees(graphs) + 1.0)[..., None]  # [B, N, 1]
         projected = _dense(
-            width, ("embed", "mlp"), "linear", use_bias=False, dtype=self.dtype,
+            width,
+            ("embed", "mlp"),
+            "linear",
+            use_bias=False,
+            dtype=self.dtype,
             param_dtype=self.param_dtype,
-        )(h)  # fmt: skip
+        )(h)
         scale = scale.astype(projected.dtype)
         sent = projected * scale
         received = scatter_sum(
@@ -151,9 +155,12 @@ class GINELayer(GINLayer):
     def _messages(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         edges = _require_edges(graphs, "GINELayer")
         edge_term = _dense(
-            h.shape[-1], ("embed", "mlp"), "edge_linear", dtype=self.dtype,
+            h.shape[-1],
+            ("embed", "mlp"),
+            "edge_linear",
+            dtype=self.dtype,
             param_dtype=self.param_dtype,
-        )(edges)  # fmt: skip
+        )(edges)
         return nn.relu(gather(h, graphs.senders) + edge_term)
 
 
@@ -181,10 +188,13 @@ class GATLayer(nn.Module):
             )
         head_dim = width // self.num_heads
         z = Einsum(  # with nn.DenseGeneral's initialisation
-            (width, self.num_heads, head_dim), ("embed", "heads", "kv"), dtype=self.dtype,
-            param_dtype=self.param_dtype, name="linear",
+            (width, self.num_heads, head_dim),
+            ("embed", "heads", "kv"),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="linear",
             kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2)),
-        )("BND,DHK->BNHK", h)  # fmt: skip
+        )("BND,DHK->BNHK", h)
         init = _logical(nn.initializers.lecun_normal(in_axis=-1, out_axis=-2), ("heads", "kv"))
         shape = (self.num_heads, head_dim)
         attend_source = self.param("attention_source", init, shape, self.param_dtype)

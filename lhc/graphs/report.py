@@ -49,8 +49,11 @@ def table(runs: list[dict], variant: str = "spd_norm") -> str:
         )
         lines.append(f"{run['depth']:>5} {record['step']:>6} {record['eval/mse']:>9.4f} {cells}")
     steps = [e["step"] for e in runs[0]["evaluations"]]
-    lines += ["", f"model range ({variant}) during training:",
-              f"{'depth':>5} " + " ".join(f"{s:>6}" for s in steps)]  # fmt: skip
+    lines += [
+        "",
+        f"model range ({variant}) during training:",
+        f"{'depth':>5} " + " ".join(f"{s:>6}" for s in steps),
+    ]
     for run in runs:
         values = {e["step"]: e[f"eval/range_{variant}"] for e in run["evaluations"]}
         lines.append(
@@ -86,11 +89,19 @@ def plot(runs: list[dict], path: str, variant: str = "spd_norm") -> None:
     for run in sorted(runs, key=lambda r: r["depth"]):
         steps = [e["step"] for e in run["evaluations"]]
         lines[f"{run['depth']} layers"] = (
-            steps, [e[f"eval/range_{variant}"] for e in run["evaluations"]]
-        )  # fmt: skip
+            steps,
+            [e[f"eval/range_{variant}"] for e in run["evaluations"]],
+        )
     task = plots.Reference(runs[0]["evaluations"][-1][f"eval/task_range_{variant}"], "task")
-    plots.curves(path, lines, xlabel="training step", ylabel=f"range ({variant.replace('_', ', ')})",
-                 references=[task], legend_fontsize=7, figsize=(6, 4))  # fmt: skip
+    plots.curves(
+        path,
+        lines,
+        xlabel="training step",
+        ylabel=f"range ({variant.replace('_', ', ')})",
+        references=[task],
+        legend_fontsize=7,
+        figsize=(6, 4),
+    )
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -134,8 +134,9 @@ def read_activations(
         raise ValueError(f"at has {at.shape[0]} rows, tokens has {batch}")
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
-    return _read(model, params, tokens, jnp.asarray(positions), jnp.asarray(at), intervention,
-                 site=site)  # fmt: skip
+    return _read(
+        model, params, tokens, jnp.asarray(positions), jnp.asarray(at), intervention, site=site
+    )
 
 
 def edit_at(
@@ -192,6 +193,9 @@ def edit_at(
     mask = np.zeros((batch, width), bool)
     mask[rows, at] = True
     return Intervention.at(
-        num_layers, layers={k: dense[i] for i, k in enumerate(layers)}, mask=mask, site=site,
+        num_layers,
+        layers={k: dense[i] for i, k in enumerate(layers)},
+        mask=mask,
+        site=site,
         mode=mode,
-    )  # fmt: skip
+    )

@@ -57,24 +57,46 @@ def scratch_curve(args) -> dict:
     params_pair = tuple(args.task_params)
     proportions = np.round(np.linspace(0, 1, args.points), 3)
     began = time.perf_counter()
-    curve = superposition_curve(exp.task.model, params, task, proportions, prompts=args.prompts,
-                                seed=args.seed, task_params=params_pair,
-                                demos=args.demos or None)  # fmt: skip
+    curve = superposition_curve(
+        exp.task.model,
+        params,
+        task,
+        proportions,
+        prompts=args.prompts,
+        seed=args.seed,
+        task_params=params_pair,
+        demos=args.demos or None,
+    )
     seconds = time.perf_counter() - began
     names = [f"{task.kind}({p})" for p in params_pair]
-    print(f"model: {args.workdir} (step {step}), {task.kind}, {args.demos or task.demos} "
-          f"demonstrations, {args.prompts} prompts per proportion, {seconds:.0f} s")  # fmt: skip
+    print(
+        f"model: {args.workdir} (step {step}), {task.kind}, {args.demos or task.demos} "
+        f"demonstrations, {args.prompts} prompts per proportion, {seconds:.0f} s"
+    )
     rows, shown = [], []
     for i, d in enumerate(curve["proportion"]):
         mean, std = curve["mean"][i], curve["std"][i]
         kl = float(kl_to_proportions(mean, [d, 1 - d]))
-        rows.append(dict(d=float(d), realised=float(curve["realised"][i]), first=float(mean[0]),
-                         second=float(mean[1]), first_std=float(std[0]),
-                         second_std=float(std[1]), kl=kl,
-                         both=float(curve["both"][i])))  # fmt: skip
-        shown.append(dict(rows[-1], first=f"{mean[0]:.3f} ± {std[0]:.3f}",
-                          second=f"{mean[1]:.3f} ± {std[1]:.3f}",
-                          other=float(with_other(mean)[-1])))  # fmt: skip
+        rows.append(
+            dict(
+                d=float(d),
+                realised=float(curve["realised"][i]),
+                first=float(mean[0]),
+                second=float(mean[1]),
+                first_std=float(std[0]),
+                second_std=float(std[1]),
+                kl=kl,
+                both=float(curve["both"][i]),
+            )
+        )
+        shown.append(
+            dict(
+                rows[-1],
+                first=f"{mean[0]:.3f} ± {std[0]:.3f}",
+                second=f"{mean[1]:.3f} ± {std[1]:.3f}",
+                other=float(with_other(mean)[-1]),
+            )
+        )
     columns = [("d", "d", ".1f"), ("realised", "realised", ".2f"),
                (f"P({names[0]})", "first"), (f"P({names[1]})", "second"),
                ("other", "other", ".3f"), ("KL", "kl", ".3f"),
@@ -83,8 +105,9 @@ def scratch_curve(args) -> dict:
     print("\n" + ascii_plot(curve["proportion"], dict(zip(names, curve["mean"].T))))
     result = dict(workdir=args.workdir, step=step, kind=task.kind, rows=rows)
     if args.task_vectors:
-        result["task_vectors"] = scratch_task_vectors(exp.task.model, params, task, params_pair,
-                                                      proportions, names, args)  # fmt: skip
+        result["task_vectors"] = scratch_task_vectors(
+            exp.task.model, params, task, params_pair, proportions, names, args
+        )
     return result
 
 
@@ -93,8 +116,10 @@ def scratch_task_vectors(model, params, task, pair, proportions, names, args) ->
     single-task prompts), the best layer for each on zero-shot queries, and the convex
     combination (1 - w) v_B + w v_A patched into zero-shot queries at w = d."""
     rng = np.random.default_rng(args.seed + 1)
-    prompts = {p: [mixture_prompt(rng, task, 1.0, (p, pair[1 - i])).tokens
-                   for _ in range(args.prompts)] for i, p in enumerate(pair)}  # fmt: skip
+    prompts = {
+        p: [mixture_prompt(rng, task, 1.0, (p, pair[1 - i])).tokens for _ in range(args.prompts)]
+        for i, p in enumerate(pair)
+    }
     vectors = np.stack([taskvectors.task_vector(model, params, prompts[p]) for p in pair])
     queries, answers = [], []
     for _ in range(args.prompts):
@@ -103,20 +128,27 @@ def scratch_task_vectors(model, params, task, pair, proportions, names, args) ->
             inputs = task.sample_input(rng)
         queries.append(np.concatenate([inputs, [SEPARATOR]]))
         answers.append([[task.answer(inputs, p), NEWLINE] for p in pair])
-    layers = [taskvectors.best_layer(model, params, vectors[i], queries, answers, task=i)
-              for i in range(2)]  # fmt: skip
+    layers = [
+        taskvectors.best_layer(model, params, vectors[i], queries, answers, task=i)
+        for i in range(2)
+    ]
     layer = int(np.argmax(layers[0][1] + layers[1][1]))  # best for both together
-    print(f"\ntask vectors: zero-shot answer probability per layer: {names[0]} "
-          f"{np.round(layers[0][1], 3).tolist()}, {names[1]} {np.round(layers[1][1], 3).tolist()}; "
-          f"composed at layer {layer}")  # fmt: skip
+    print(
+        f"\ntask vectors: zero-shot answer probability per layer: {names[0]} "
+        f"{np.round(layers[0][1], 3).tolist()}, {names[1]} {np.round(layers[1][1], 3).tolist()}; "
+        f"composed at layer {layer}"
+    )
     rows = []
     for w in proportions:
         mixed = taskvectors.compose(vectors, [w, 1 - w])
         probs = taskvectors.patched_probabilities(model, params, mixed, layer, queries, answers)
         mean = probs.mean(0)
         rows.append(dict(w=float(w), first=float(mean[0]), second=float(mean[1])))
-    columns = [("w", "w", ".1f"), (f"P({names[0]})", "first", ".3f"),
-               (f"P({names[1]})", "second", ".3f")]  # fmt: skip
+    columns = [
+        ("w", "w", ".1f"),
+        (f"P({names[0]})", "first", ".3f"),
+        (f"P({names[1]})", "second", ".3f"),
+    ]
     print("\n" + bench.markdown_table(columns, rows))
     return dict(layer=layer, per_layer=[scores.tolist() for _, scores in layers], rows=rows)
 
@@ -146,44 +178,65 @@ def family_table(args) -> dict:
         for _ in range(args.prompts):
             prompt = superposition_prompt(rng, family, proportions, demos)
             prompts.append(bos + tokenizer.encode(prompt.text))
-            answers.append([_answer_tokens(tokenizer, prompt.text, prompt.answers[t])
-                            for t in family.tasks])  # fmt: skip
+            answers.append(
+                [_answer_tokens(tokenizer, prompt.text, prompt.answers[t]) for t in family.tasks]
+            )
         probs = answer_probabilities(model, params, prompts, answers, batch_size=args.batch)
         kl = kl_to_proportions(probs, [proportions[t] for t in family.tasks])
         top = np.mean([set(np.argsort(-p)[: len(p)]) == set(range(len(p))) for p in probs])
         mean = probs.mean(0)
-        print(f"\n{name}: " + ", ".join(f"P({t}) {m:.3f}" for t, m in zip(family.tasks, mean))
-              + f", other {with_other(mean)[-1]:.3f}; KL {kl.mean():.3f}")  # fmt: skip
-        result[name] = dict(tasks=list(family.tasks), mean=mean.tolist(), kl=float(kl.mean()),
-                            top=float(top))  # fmt: skip
+        print(
+            f"\n{name}: "
+            + ", ".join(f"P({t}) {m:.3f}" for t, m in zip(family.tasks, mean))
+            + f", other {with_other(mean)[-1]:.3f}; KL {kl.mean():.3f}"
+        )
+        result[name] = dict(
+            tasks=list(family.tasks), mean=mean.tolist(), kl=float(kl.mean()), top=float(top)
+        )
     return result
 
 
 def _superposition_parser():
-    p = bench.parser("icl superposition", "Task superposition: each task's answer probability "
-                     "against the proportion d of the first (--workdir), or the paper's task "
-                     "families on an imported checkpoint (--checkpoint).")  # fmt: skip
+    p = bench.parser(
+        "icl superposition",
+        "Task superposition: each task's answer probability "
+        "against the proportion d of the first (--workdir), or the paper's task "
+        "families on an imported checkpoint (--checkpoint).",
+    )
     bench.add_model_source(p, workdir_help="a model of configs/icl_superposition.py")
     p.add_argument("--tokenizer", default=None, help="default: the checkpoint's")
-    p.add_argument("--family", type=bench.str_list, default="addition",
-                   help="with --checkpoint: comma-separated family names")  # fmt: skip
+    p.add_argument(
+        "--family",
+        type=bench.str_list,
+        default="addition",
+        help="with --checkpoint: comma-separated family names",
+    )
     p.add_argument("--prompts", type=int, default=50)
-    p.add_argument("--demos", type=int, default=0,
-                   help="default: the training prompts' (60 with --checkpoint)")  # fmt: skip
+    p.add_argument(
+        "--demos", type=int, default=0, help="default: the training prompts' (60 with --checkpoint)"
+    )
     p.add_argument("--points", type=int, default=11, help="proportions in [0, 1]")
-    p.add_argument("--task-params", type=bench.index_list, default="2,6",
-                   help="the two tasks' hidden parameters")  # fmt: skip
+    p.add_argument(
+        "--task-params",
+        type=bench.index_list,
+        default="2,6",
+        help="the two tasks' hidden parameters",
+    )
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--task-vectors", action="store_true",
-                   help="from scratch: also compose the two tasks' vectors")  # fmt: skip
+    p.add_argument(
+        "--task-vectors",
+        action="store_true",
+        help="from scratch: also compose the two tasks' vectors",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p
 
 
 def _generated_task(classes, keywords, input_length, noise, seed):
     """``(labels, format, split(count, seed))`` of the generated task ``seed``."""
-    task = classification.fixed_task(seed, classes, keywords=keywords,
-                                     input_length=input_length, noise=noise)  # fmt: skip
+    task = classification.fixed_task(
+        seed, classes, keywords=keywords, input_length=input_length, noise=noise
+    )
     return task.labels, task.format(), functools.partial(classification.split, task)
 
 
@@ -214,16 +267,20 @@ def vectors_table(args) -> dict:
             _generated_task, args.classes, int(data.keywords), int(data.input_length), noise
         )
     source = args.workdir or args.checkpoint
-    print(f"model: {source} (step {step}); {args.tasks} tasks of {args.classes} classes, "
-          f"{args.shots}-shot, {args.test_episodes} test episodes")  # fmt: skip
+    print(
+        f"model: {source} (step {step}); {args.tasks} tasks of {args.classes} classes, "
+        f"{args.shots}-shot, {args.test_episodes} test episodes"
+    )
     rows = []
     for seed in range(1, args.tasks + 1):
         labels, fmt, split = make_task(seed)
         train = split(400, 10 * seed)
-        val = iterative.evaluation_episodes(split(400, 10 * seed + 1), args.shots,
-                                            args.val_episodes, seed)  # fmt: skip
-        test = iterative.evaluation_episodes(split(400, 10 * seed + 2), args.shots,
-                                             args.test_episodes, seed)  # fmt: skip
+        val = iterative.evaluation_episodes(
+            split(400, 10 * seed + 1), args.shots, args.val_episodes, seed
+        )
+        test = iterative.evaluation_episodes(
+            split(400, 10 * seed + 2), args.shots, args.test_episodes, seed
+        )
         num_classes = len(labels)
         true = np.array([q[1] for _, q in test])
 
@@ -232,34 +289,63 @@ def vectors_table(args) -> dict:
 
         began = time.perf_counter()
         clean = score(iterative.predict(model, params, fmt, test))
-        tv = iterative.TaskVectors.extract(model, params, fmt, train, shots=args.shots,
-                                           episodes=args.episodes, seed=seed)  # fmt: skip
+        tv = iterative.TaskVectors.extract(
+            model, params, fmt, train, shots=args.shots, episodes=args.episodes, seed=seed
+        )
         tv_layers = tv.choose_layer(model, params, fmt, val)
         tvs = score(iterative.predict(model, params, fmt, test, patch=tv.patch(model)))
         best, grid = iterative.grid_search(
-            model, params, fmt, train, val, ext_shots=tuple(args.ext_shots),
-            strengths=tuple(args.strengths), ext_strengths=tuple(args.ext_strengths),
-            episodes=args.episodes, negative_shift=args.negative_shift, seed=seed,
-        )  # fmt: skip
+            model,
+            params,
+            fmt,
+            train,
+            val,
+            ext_shots=tuple(args.ext_shots),
+            strengths=tuple(args.strengths),
+            ext_strengths=tuple(args.ext_strengths),
+            episodes=args.episodes,
+            negative_shift=args.negative_shift,
+            seed=seed,
+        )
         ivs = score(iterative.predict(model, params, fmt, test, best["vectors"], best["strength"]))
-        row = dict(task=seed, labels=list(labels), clean_f1=clean[0], clean_acc=clean[1],
-                   tv_f1=tvs[0], tv_acc=tvs[1], tv_layer=tv.layer, tv_val_f1=tv_layers,
-                   iv_f1=ivs[0], iv_acc=ivs[1], iv_val_f1=best["macro_f1"],
-                   ext_shot=best["ext_shot"], strength=best["strength"],
-                   ext_strength=best["ext_strength"], grid=grid,
-                   seconds=time.perf_counter() - began)  # fmt: skip
+        row = dict(
+            task=seed,
+            labels=list(labels),
+            clean_f1=clean[0],
+            clean_acc=clean[1],
+            tv_f1=tvs[0],
+            tv_acc=tvs[1],
+            tv_layer=tv.layer,
+            tv_val_f1=tv_layers,
+            iv_f1=ivs[0],
+            iv_acc=ivs[1],
+            iv_val_f1=best["macro_f1"],
+            ext_shot=best["ext_shot"],
+            strength=best["strength"],
+            ext_strength=best["ext_strength"],
+            grid=grid,
+            seconds=time.perf_counter() - began,
+        )
         rows.append(row)
-        print(f"task {seed}: clean {clean[0]:.3f}, TV {tvs[0]:.3f} (layer {tv.layer}), "
-              f"IV {ivs[0]:.3f} (ext_shot {best['ext_shot']}, strength {best['strength']}, "
-              f"ext_strength {best['ext_strength']}), {row['seconds']:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"task {seed}: clean {clean[0]:.3f}, TV {tvs[0]:.3f} (layer {tv.layer}), "
+            f"IV {ivs[0]:.3f} (ext_shot {best['ext_shot']}, strength {best['strength']}, "
+            f"ext_strength {best['ext_strength']}), {row['seconds']:.0f} s",
+            flush=True,
+        )
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("clean_f1", "tv_f1", "iv_f1")}
     # The per-task cells hold several numbers; the mean row's plain numbers right-align them.
-    shown = [dict(task=r["task"], labels=" ".join(r["labels"]),
-                  clean=f"{r['clean_f1']:.3f} ({r['clean_acc']:.3f})",
-                  tv=f"{r['tv_f1']:.3f} ({r['tv_acc']:.3f}, {r['tv_layer']})",
-                  iv=f"{r['iv_f1']:.3f} ({r['iv_acc']:.3f}; {r['ext_shot']}, {r['strength']}, "
-                     f"{r['ext_strength']})")
-             for r in rows]  # fmt: skip
+    shown = [
+        dict(
+            task=r["task"],
+            labels=" ".join(r["labels"]),
+            clean=f"{r['clean_f1']:.3f} ({r['clean_acc']:.3f})",
+            tv=f"{r['tv_f1']:.3f} ({r['tv_acc']:.3f}, {r['tv_layer']})",
+            iv=f"{r['iv_f1']:.3f} ({r['iv_acc']:.3f}; {r['ext_shot']}, {r['strength']}, "
+            f"{r['ext_strength']})",
+        )
+        for r in rows
+    ]
     shown.append(dict(task="mean", clean=mean["clean_f1"], tv=mean["tv_f1"], iv=mean["iv_f1"]))
     columns = [
         ("task", "task"), ("labels", "labels"), ("clean F1 (acc)", "clean", ".3f"),
@@ -267,17 +353,30 @@ def vectors_table(args) -> dict:
         ("Iterative Vectors F1 (acc; ext_shot, strength, ext_strength)", "iv", ".3f"),
     ]  # fmt: skip
     print("\n" + bench.markdown_table(columns, shown))
-    return dict(workdir=args.workdir, checkpoint=args.checkpoint, step=step, rows=rows,
-                mean=mean, shots=args.shots)  # fmt: skip
+    return dict(
+        workdir=args.workdir,
+        checkpoint=args.checkpoint,
+        step=step,
+        rows=rows,
+        mean=mean,
+        shots=args.shots,
+    )
 
 
 def _vectors_parser():
-    p = bench.parser("icl vectors", "Iterative Vectors against the plain prompt and Task "
-                     "Vectors on generated (--workdir) or English topic (--checkpoint) "
-                     "classification tasks.")  # fmt: skip
+    p = bench.parser(
+        "icl vectors",
+        "Iterative Vectors against the plain prompt and Task "
+        "Vectors on generated (--workdir) or English topic (--checkpoint) "
+        "classification tasks.",
+    )
     bench.add_model_source(p, workdir_help="a model of configs/icl_classification.py")
-    p.add_argument("--labels", default="letters", choices=("letters", "names"),
-                   help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names")  # fmt: skip
+    p.add_argument(
+        "--labels",
+        default="letters",
+        choices=("letters", "names"),
+        help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names",
+    )
     p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")

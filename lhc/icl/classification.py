@@ -30,10 +30,34 @@ from lhc.parallel import global_batch
 from lhc.train.causal_lm import CausalLMTask
 from lhc.train.tasks import register_task
 
-LABEL_WORDS = ("apple", "bread", "chair", "dance", "eagle", "flame", "grape", "house",
-               "igloo", "juice", "knife", "lemon", "mango", "noble", "ocean", "piano",
-               "queen", "river", "stone", "tiger", "uncle", "vivid", "whale", "xenon",
-               "yacht", "zebra")  # fmt: skip
+LABEL_WORDS = (
+    "apple",
+    "bread",
+    "chair",
+    "dance",
+    "eagle",
+    "flame",
+    "grape",
+    "house",
+    "igloo",
+    "juice",
+    "knife",
+    "lemon",
+    "mango",
+    "noble",
+    "ocean",
+    "piano",
+    "queen",
+    "river",
+    "stone",
+    "tiger",
+    "uncle",
+    "vivid",
+    "whale",
+    "xenon",
+    "yacht",
+    "zebra",
+)
 LETTERS = np.arange(ord("A"), ord("Z") + 1, dtype=np.int32)  # of the inputs
 SEPARATOR = ord("\n")
 BLOCK = (ord("\n"),) * 3
@@ -108,8 +132,9 @@ def text_split(tokenizer, task: TopicTask, count: int, seed: int) -> Examples:
     return Examples(inputs, classes, task.num_classes)
 
 
-def training_row(rng, max_classes: int, max_shots: int, width: int,
-                 separator: bool | float = True, **task_kwargs):  # fmt: skip
+def training_row(
+    rng, max_classes: int, max_shots: int, width: int, separator: bool | float = True, **task_kwargs
+):
     """One pretraining prompt, right-padded to ``width``: ``tokens``, ``targets``,
     ``weights`` (1 on the label words), each ``[1, width - 1]``. Without ``separator``
     the labels follow their inputs directly (``input label``), the easier prompts that

@@ -167,13 +167,15 @@ def episode_differences(model, params, fmt: Format, episodes, vectors, config: E
     tokens, lengths = _pad(positive, max_len)
     at = np.stack([p.separators for p in positive])
     edit = _edited(model, tokens.shape[1], positive, classes, vectors, config.ext_strength)
-    pos, _ = read_activations(model, params, tokens, at, site="attention", lengths=lengths,
-                              intervention=edit)  # fmt: skip
+    pos, _ = read_activations(
+        model, params, tokens, at, site="attention", lengths=lengths, intervention=edit
+    )
     negative = [build_prompt(fmt, [], q[0], q[1]) for _, q in episodes]
     neg_tokens, neg_lengths = _pad(negative, max_len)
     neg_at = np.stack([p.separators for p in negative]) - config.negative_shift
-    neg, _ = read_activations(model, params, neg_tokens, neg_at, site="attention",
-                              lengths=neg_lengths)  # fmt: skip
+    neg, _ = read_activations(
+        model, params, neg_tokens, neg_at, site="attention", lengths=neg_lengths
+    )
     diff = np.asarray(pos, np.float64) - np.asarray(neg, np.float64)  # [L, B, K, D]
     diff = np.transpose(diff, (1, 2, 0, 3))  # [B, K, L, D]
     out = np.zeros((len(episodes), fmt.num_classes + 1, *diff.shape[2:]))
@@ -191,8 +193,9 @@ def extract(model, params, fmt: Format, train: Examples, config: ExtractConfig) 
     rng = np.random.default_rng(config.seed)
     vectors, collected = None, []
     # Updates after episode 0, after every ext_batch-th episode, and after the last.
-    updates = sorted({0, *range(config.ext_batch, config.episodes, config.ext_batch),
-                      config.episodes - 1})  # fmt: skip
+    updates = sorted(
+        {0, *range(config.ext_batch, config.episodes, config.ext_batch), config.episodes - 1}
+    )
     start = 0
     for stop in updates:
         episodes = [train.episode(rng, config.ext_shot) for _ in range(start, stop + 1)]
@@ -203,9 +206,15 @@ def extract(model, params, fmt: Format, train: Examples, config: ExtractConfig) 
 
 
 def predict(
-    model, params, fmt: Format, episodes, vectors=None, strength: float = 0.0,
-    patch=None, batch_size: int = 64,
-) -> np.ndarray:  # fmt: skip
+    model,
+    params,
+    fmt: Format,
+    episodes,
+    vectors=None,
+    strength: float = 0.0,
+    patch=None,
+    batch_size: int = 64,
+) -> np.ndarray:
     """The predicted class of each episode's query: argmax over the labels' first tokens
     of the logits at the query's separator, with ``strength`` x ``vectors`` added (or
     ``patch(width, prompts) -> Intervention`` applied), in batches."""
@@ -221,8 +230,9 @@ def predict(
         else:
             edit = _edited(model, tokens.shape[1], prompts, classes, vectors, strength)
         query_at = np.array([[p.separators[-1]] for p in prompts])
-        _, logits = read_activations(model, params, tokens, query_at, site="residual",
-                                     lengths=lengths, intervention=edit)  # fmt: skip
+        _, logits = read_activations(
+            model, params, tokens, query_at, site="residual", lengths=lengths, intervention=edit
+        )
         out.append(np.asarray(jnp.argmax(logits[:, 0][:, label_tokens], axis=-1)))
     return np.concatenate(out)
 
@@ -246,10 +256,20 @@ def evaluation_episodes(examples: Examples, shots: int, count: int, seed: int):
 
 
 def grid_search(
-    model, params, fmt: Format, train: Examples, validation, *, ext_shots=(1, 2, 3, 4),
-    strengths=(0.1, 0.3, 0.5, 0.7, 0.9), ext_strengths=(0.1, 0.3, 0.5, 0.7, 0.9),
-    episodes: int = 200, ext_batch: int = 10, negative_shift: int = 1, seed: int = 0,
-) -> tuple[dict, list[dict]]:  # fmt: skip
+    model,
+    params,
+    fmt: Format,
+    train: Examples,
+    validation,
+    *,
+    ext_shots=(1, 2, 3, 4),
+    strengths=(0.1, 0.3, 0.5, 0.7, 0.9),
+    ext_strengths=(0.1, 0.3, 0.5, 0.7, 0.9),
+    episodes: int = 200,
+    ext_batch: int = 10,
+    negative_shift: int = 1,
+    seed: int = 0,
+) -> tuple[dict, list[dict]]:
     """Every (ext_shot, ext_strength) extraction, each evaluated at every strength on
     the ``validation`` episodes; returns the best setting (by macro-F1, with its
     vectors) and every row."""
@@ -260,8 +280,12 @@ def grid_search(
         vectors = extract(model, params, fmt, train, config)
         for strength in strengths:
             predicted = predict(model, params, fmt, validation, vectors, strength)
-            row = dict(ext_shot=ext_shot, ext_strength=ext_strength, strength=strength,
-                       macro_f1=macro_f1(predicted, true, fmt.num_classes))  # fmt: skip
+            row = dict(
+                ext_shot=ext_shot,
+                ext_strength=ext_strength,
+                strength=strength,
+                macro_f1=macro_f1(predicted, true, fmt.num_classes),
+            )
             rows.append(row)
             if best is None or row["macro_f1"] > best["macro_f1"]:
                 best = dict(row, vectors=vectors)
@@ -276,8 +300,17 @@ class TaskVectors:
     layer: int = 0
 
     @classmethod
-    def extract(cls, model, params, fmt: Format, train: Examples, shots: int, episodes: int,
-                seed: int = 0, batch_size: int = 64) -> TaskVectors:  # fmt: skip
+    def extract(
+        cls,
+        model,
+        params,
+        fmt: Format,
+        train: Examples,
+        shots: int,
+        episodes: int,
+        seed: int = 0,
+        batch_size: int = 64,
+    ) -> TaskVectors:
         """The residual stream at the query's separator, mean over ``episodes``
         few-shot prompts of ``shots`` demonstrations per class."""
         rng = np.random.default_rng(seed)
@@ -298,8 +331,15 @@ class TaskVectors:
 
         def make(width, prompts):
             at = np.array([[p.separators[-1]] for p in prompts])
-            return edit_at(model.config.num_layers, width, at, self.vectors[layer][None],
-                           layers=[layer], per_layer=True, mode="replace")  # fmt: skip
+            return edit_at(
+                model.config.num_layers,
+                width,
+                at,
+                self.vectors[layer][None],
+                layers=[layer],
+                per_layer=True,
+                mode="replace",
+            )
 
         return make
 

@@ -113,8 +113,7 @@ def continuation_logprobs(
     out = np.zeros(count)
     for start in range(0, count, batch_size):
         rows = range(start, min(start + batch_size, count))
-        tokens = pad_rows([list(prompts[i]) + list(continuations[i]) for i in rows],
-                          config.max_len)  # fmt: skip
+        tokens = pad_rows([list(prompts[i]) + list(continuations[i]) for i in rows], config.max_len)
         width = tokens.shape[1]
         intervention = None
         if patch is not None:
@@ -122,9 +121,15 @@ def continuation_logprobs(
             values = np.asarray(patch.values)
             values = values[:, start : start + len(rows), None] if values.ndim == 3 else values
             intervention = edit_at(
-                config.num_layers, width, last, values, layers=patch.layers, per_layer=True,
-                site=patch.site, mode=patch.mode,
-            )  # fmt: skip
+                config.num_layers,
+                width,
+                last,
+                values,
+                layers=patch.layers,
+                per_layer=True,
+                site=patch.site,
+                mode=patch.mode,
+            )
         logp = np.asarray(_token_logprobs(model, params, jnp.asarray(tokens), intervention))
         for r, i in enumerate(rows):
             first = len(prompts[i]) - 1  # logp[:, t] scores token t + 1
@@ -164,8 +169,9 @@ def answer_probabilities(
     flat_answers = [a for group in answers for a in group]
     if patch is not None and np.asarray(patch.values).ndim == 3:
         patch = dataclasses.replace(patch, values=np.repeat(np.asarray(patch.values), k, axis=1))
-    logp = continuation_logprobs(model, params, flat_prompts, flat_answers, patch=patch,
-                                 batch_size=batch_size)  # fmt: skip
+    logp = continuation_logprobs(
+        model, params, flat_prompts, flat_answers, patch=patch, batch_size=batch_size
+    )
     return np.exp(logp).reshape(len(prompts), k)
 
 

@@ -68,8 +68,9 @@ class ScratchTask:
     def answer(self, inputs: np.ndarray, param: int) -> int:
         """The answer token of ``inputs`` under hidden parameter ``param``."""
         if not 0 <= param < self.num_params:
-            raise ValueError(f"the {self.kind} parameter must be in [0, {self.num_params}), "
-                             f"got {param}")  # fmt: skip
+            raise ValueError(
+                f"the {self.kind} parameter must be in [0, {self.num_params}), got {param}"
+            )
         if self.kind == "bias_add":
             return int(DIGITS[(int(inputs[0]) - ord("0") + param) % 10])
         return int(inputs[param])
@@ -128,9 +129,17 @@ def mixture_prompt(
 
 
 def superposition_curve(
-    model, params, task: ScratchTask, proportions, *, prompts: int = 50, seed: int = 0,
-    task_params: tuple[int, int] = (2, 6), demos: int | None = None, both_at: float = 0.1,
-) -> dict[str, np.ndarray]:  # fmt: skip
+    model,
+    params,
+    task: ScratchTask,
+    proportions,
+    *,
+    prompts: int = 50,
+    seed: int = 0,
+    task_params: tuple[int, int] = (2, 6),
+    demos: int | None = None,
+    both_at: float = 0.1,
+) -> dict[str, np.ndarray]:
     """Mean and standard deviation over ``prompts`` prompts of each task's answer
     probability at every proportion d of the first task.
 
@@ -143,14 +152,20 @@ def superposition_curve(
     means, stds, realised, both = [], [], [], []
     for d in proportions:
         batch = [mixture_prompt(rng, task, float(d), task_params, demos) for _ in range(prompts)]
-        probs = answer_probabilities(model, params, [p.tokens for p in batch],
-                                     [p.answers for p in batch])  # fmt: skip
+        probs = answer_probabilities(
+            model, params, [p.tokens for p in batch], [p.answers for p in batch]
+        )
         means.append(probs.mean(0))
         stds.append(probs.std(0))
         realised.append(np.mean([p.counts[0] / sum(p.counts) for p in batch]))
         both.append(np.mean(probs.min(axis=1) >= both_at))
-    return dict(proportion=np.asarray(proportions, np.float64), mean=np.array(means),
-                std=np.array(stds), realised=np.array(realised), both=np.array(both))  # fmt: skip
+    return dict(
+        proportion=np.asarray(proportions, np.float64),
+        mean=np.array(means),
+        std=np.array(stds),
+        realised=np.array(realised),
+        both=np.array(both),
+    )
 
 
 @register_task("icl_superposition")

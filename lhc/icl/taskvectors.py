@@ -16,9 +16,13 @@ from lhc.icl.scoring import Patch, answer_probabilities, pad_rows
 
 
 def last_token_states(
-    model, params, prompts: Sequence[Sequence[int]], *, site: str = "residual",
+    model,
+    params,
+    prompts: Sequence[Sequence[int]],
+    *,
+    site: str = "residual",
     batch_size: int = 32,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """``[L, P, D]``: ``site``'s activations at the last token of each prompt."""
     if not prompts:
         raise ValueError("prompts must not be empty")
@@ -30,8 +34,9 @@ def last_token_states(
         group = prompts[start : start + batch_size]
         tokens = pad_rows(group, model.config.max_len)
         lengths = np.array([len(p) for p in group])
-        acts, _ = read_activations(model, params, tokens, (lengths - 1)[:, None], site=site,
-                                   lengths=lengths)  # fmt: skip
+        acts, _ = read_activations(
+            model, params, tokens, (lengths - 1)[:, None], site=site, lengths=lengths
+        )
         states.append(np.asarray(acts[:, :, 0], np.float64))
     return np.concatenate(states, axis=1)
 
@@ -67,10 +72,12 @@ def best_layer(
     Returns:
         ``(layer, scores)``: the best layer and the mean probability per layer ``[L]``.
     """
-    scores = np.array([
-        patched_probabilities(model, params, vectors, layer, queries, answers)[:, task].mean()
-        for layer in range(model.config.num_layers)
-    ])  # fmt: skip
+    scores = np.array(
+        [
+            patched_probabilities(model, params, vectors, layer, queries, answers)[:, task].mean()
+            for layer in range(model.config.num_layers)
+        ]
+    )
     return int(np.argmax(scores)), scores
 
 

@@ -62,6 +62,7 @@ from lhc.lm.decoding import (
     left_padded_positions,
     prefill,
 )
+from lhc.lm.drafters import DraftProposal, ModelDrafter, SelfDrafter
 from lhc.lm.factories import lm_config_from, transformer_from_config
 from lhc.lm.model import (
     Block,
@@ -85,9 +86,6 @@ from lhc.lm.sampling import (
     top_p_mask,
 )
 from lhc.lm.speculative import (
-    DraftProposal,
-    ModelDrafter,
-    SelfDrafter,
     SpeculativeOutput,
     SpeculativeSampling,
     speculative_generate,

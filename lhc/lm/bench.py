@@ -171,9 +171,10 @@ def _agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
     equal = ours == theirs
     first_difference = np.where(equal.all(1), equal.shape[1], np.argmin(equal, axis=1))
     return dict(
-        tokens_equal=float(equal.mean()), equal_prefix=float(first_difference.mean()),
+        tokens_equal=float(equal.mean()),
+        equal_prefix=float(first_difference.mean()),
         all_equal=bool(equal.all()),
-    )  # fmt: skip
+    )
 
 
 def _variant_name(layout: str, scan: bool) -> str:
@@ -263,10 +264,14 @@ def compare_with_transformers(
         def theirs(steps, layout=None, prompt=prompt):
             with torch.no_grad():
                 return torch_model.generate(
-                    torch.tensor(prompt), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-                    max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0,
+                    torch.tensor(prompt),
+                    attention_mask=torch.ones(prompt.shape, dtype=torch.long),
+                    max_new_tokens=steps,
+                    min_new_tokens=steps,
+                    do_sample=False,
+                    pad_token_id=0,
                     eos_token_id=None,
-                )[:, prompt_len:].numpy()  # fmt: skip
+                )[:, prompt_len:].numpy()
 
         # Every implementation, full length and one token, interleaved; the best of each.
         impls = {"transformers": functools.partial(theirs, layout=None)}
@@ -277,24 +282,34 @@ def compare_with_transformers(
             tokens[impl] = run(new_tokens)
             first_call_s[impl] = time.perf_counter() - start
         best = bench.interleaved_best(
-            {(impl, steps): functools.partial(run, steps)
-             for impl, run in impls.items() for steps in (new_tokens, 1)},
-            repeats, between=lambda: bandwidths.append(read()),
-        )  # fmt: skip
+            {
+                (impl, steps): functools.partial(run, steps)
+                for impl, run in impls.items()
+                for steps in (new_tokens, 1)
+            },
+            repeats,
+            between=lambda: bandwidths.append(read()),
+        )
         rates = {}
         for impl in impls:
             total, first = best[(impl, new_tokens)], best[(impl, 1)]
             step = (total - first) / (new_tokens - 1)
             rates[impl] = dict(
-                s=total, tokens_per_s=batch_size * new_tokens / total, decode_step_s=step,
+                s=total,
+                tokens_per_s=batch_size * new_tokens / total,
+                decode_step_s=step,
                 decode_tokens_per_s=batch_size / step,
-            )  # fmt: skip
+            )
         theirs_rates = rates["transformers"]
         bandwidth = max(bandwidths)
         for (layout, scan), variant in zip(variants, models):
-            row = dict(batch_size=batch_size, kernel_layout=layout, scan_layers=scan,
-                       lhc_first_call_s=first_call_s[variant],
-                       transformers_first_call_s=first_call_s["transformers"])  # fmt: skip
+            row = dict(
+                batch_size=batch_size,
+                kernel_layout=layout,
+                scan_layers=scan,
+                lhc_first_call_s=first_call_s[variant],
+                transformers_first_call_s=first_call_s["transformers"],
+            )
             row.update({f"lhc_{key}": value for key, value in rates[variant].items()})
             row.update({f"transformers_{key}": value for key, value in theirs_rates.items()})
             row["speedup"] = row["transformers_s"] / row["lhc_s"]
@@ -309,11 +324,17 @@ def compare_with_transformers(
                 )
             rows.append(row)
     return dict(
-        config=name, num_params=count_params(config), dtype=config.dtype, prompt_len=prompt_len,
-        new_tokens=new_tokens, measured_bandwidth_gbps=max(bandwidths) / 1e9,
-        torch_version=torch.__version__, transformers_version=transformers.__version__,
-        torch_threads=torch.get_num_threads(), rows=rows,
-    )  # fmt: skip
+        config=name,
+        num_params=count_params(config),
+        dtype=config.dtype,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        measured_bandwidth_gbps=max(bandwidths) / 1e9,
+        torch_version=torch.__version__,
+        transformers_version=transformers.__version__,
+        torch_threads=torch.get_num_threads(),
+        rows=rows,
+    )
 
 
 _PREFILL_WORKER = """
@@ -339,20 +360,26 @@ def _prefill_worker(name: str, prompt_len: int, chunk_size: int, impl: str) -> d
     jax.block_until_ready((logits, cache))
     seconds = time.perf_counter() - start
     return dict(
-        config=name, prompt_len=prompt_len, chunk_size=chunk_size, attention_impl=impl,
-        seconds=seconds, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        config=name,
+        prompt_len=prompt_len,
+        chunk_size=chunk_size,
+        attention_impl=impl,
+        seconds=seconds,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         compiled_temp_bytes=int(analysis.temp_size_in_bytes),
         cache_bytes=int(sum(x.nbytes for x in jax.tree.leaves(cache))),
         finite=bool(np.isfinite(np.asarray(logits)).all()),
-    )  # fmt: skip
+    )
 
 
 def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: str) -> dict:
     """Peak resident memory of prefilling one prompt, measured in a fresh process."""
     proc = subprocess.run(
         [sys.executable, "-c", _PREFILL_WORKER, json.dumps([name, prompt_len, chunk_size, impl])],
-        capture_output=True, text=True, env=dict(os.environ),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"prefill measurement failed:\n{proc.stderr[-3000:]}")
@@ -360,8 +387,10 @@ def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: st
 
 
 def _format_comparison(result: dict[str, Any]) -> str:
-    rows = [{**row, "variant": _variant_name(row["kernel_layout"], row["scan_layers"])}
-            for row in result["rows"]]  # fmt: skip
+    rows = [
+        {**row, "variant": _variant_name(row["kernel_layout"], row["scan_layers"])}
+        for row in result["rows"]
+    ]
     columns = [
         ("batch", "batch_size"), ("lhc kernels, layers", "variant"),
         ("lhc", "lhc_tokens_per_s", ".1f"), ("transformers", "transformers_tokens_per_s", ".1f"),
@@ -370,16 +399,18 @@ def _format_comparison(result: dict[str, Any]) -> str:
         ("ratio", "decode_speedup", ".2fx"), ("tokens equal", "tokens_equal", ".3f"),
         ("bandwidth", "bandwidth_fraction", "%"), ("lhc 1st call s", "lhc_first_call_s", ".1f"),
     ]  # fmt: skip
-    return "\n".join([
-        f"{result['config']} ({result['num_params']:,} params, {result['dtype']}), prompt "
-        f"{result['prompt_len']}, {result['new_tokens']} new tokens, greedy; torch "
-        f"{result['torch_version']} ({result['torch_threads']} threads), transformers "
-        f"{result['transformers_version']}; measured bandwidth "
-        f"{result['measured_bandwidth_gbps']:.2f} GB/s",
-        "tok/s end to end (prefill included) and of the decode steps alone; the first call "
-        "(lhc compiles there) timed apart:",
-        bench.markdown_table(columns, rows),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"{result['config']} ({result['num_params']:,} params, {result['dtype']}), prompt "
+            f"{result['prompt_len']}, {result['new_tokens']} new tokens, greedy; torch "
+            f"{result['torch_version']} ({result['torch_threads']} threads), transformers "
+            f"{result['transformers_version']}; measured bandwidth "
+            f"{result['measured_bandwidth_gbps']:.2f} GB/s",
+            "tok/s end to end (prefill included) and of the decode steps alone; the first call "
+            "(lhc compiles there) timed apart:",
+            bench.markdown_table(columns, rows),
+        ]
+    )
 
 
 def _config(name: str) -> LMConfig:
@@ -441,10 +472,11 @@ def _bandwidth_floor(args, parser) -> dict[str, Any]:
 def _parser():
     parser = bench.parser("lm", __doc__)
     parser.add_argument(
-        "--configs", type=lambda text: bench.str_list(text) if text else [],
+        "--configs",
+        type=lambda text: bench.str_list(text) if text else [],
         default=["tiny", "lm_100m"],
         help="comma-separated configs to measure ('' for none)",
-    )  # fmt: skip
+    )
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=32)
@@ -459,35 +491,46 @@ def _parser():
         "--hbm-gbps", type=float, default=819.0, help="memory bandwidth in GB/s (v5e: 819)"
     )
     parser.add_argument(
-        "--against", default=None, choices=["transformers"],
+        "--against",
+        default=None,
+        choices=["transformers"],
         help="compare greedy decoding with transformers.generate on the same checkpoint",
-    )  # fmt: skip
+    )
     parser.add_argument("--against-config", default="lm_100m")
     parser.add_argument("--batch-sizes", type=bench.int_list, default=[1, 8], help="for --against")
     parser.add_argument(
-        "--kernel-layouts", type=bench.str_list, default=["in_out", "out_in"],
+        "--kernel-layouts",
+        type=bench.str_list,
+        default=["in_out", "out_in"],
         help="lhc kernel layouts, for --against",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--scan-layers", type=bench.str_list, default=["0"],
+        "--scan-layers",
+        type=bench.str_list,
+        default=["0"],
         help="lhc layers scanned (1) or unrolled (0), for --against",
-    )  # fmt: skip
+    )
     bench.add_model_source(
-        parser, workdir_help="an lhc run of an lhc.lm.Transformer, measured instead of --configs",
+        parser,
+        workdir_help="an lhc run of an lhc.lm.Transformer, measured instead of --configs",
         required=False,
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--torch-threads", type=int, default=None,
+        "--torch-threads",
+        type=int,
+        default=None,
         help="torch threads for --against (default: the cores, as XLA's CPU client uses)",
-    )  # fmt: skip
+    )
     parser.add_argument("--new-tokens", type=int, default=64, help="for --against")
     parser.add_argument(
         "--bandwidth-mib", type=int, default=1024, help="array size of the bandwidth read"
     )
     parser.add_argument(
-        "--prefill-len", type=int, default=0,
+        "--prefill-len",
+        type=int,
+        default=0,
         help="measure the peak memory of prefilling a prompt this long (0: skip)",
-    )  # fmt: skip
+    )
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--prefill-impl", default="chunked")
     return parser
@@ -520,9 +563,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not isinstance(loaded.model, Transformer):
             parser.error(f"--workdir: a {type(loaded.model).__name__}, not an lhc.lm.Transformer")
         measured.append(
-            measure(source, loaded.model.config, args.batch_size, args.prompt_len,
-                    args.decode_steps, args.repeats, params=loaded.params)
-        )  # fmt: skip
+            measure(
+                source,
+                loaded.model.config,
+                args.batch_size,
+                args.prompt_len,
+                args.decode_steps,
+                args.repeats,
+                params=loaded.params,
+            )
+        )
     analytic = _bandwidth_floor(args, parser) if args.real_config else None
     result = dict(device=str(jax.devices()[0].device_kind), measured=measured, analytic=analytic)
     print(_format_table(result))
@@ -531,13 +581,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error("--new-tokens must be >= 2")
         comparison = compare_with_transformers(
             args.checkpoint or args.against_config,
-            None if args.checkpoint else _config(args.against_config), tuple(args.batch_sizes),
-            args.prompt_len, args.new_tokens, args.repeats,
+            None if args.checkpoint else _config(args.against_config),
+            tuple(args.batch_sizes),
+            args.prompt_len,
+            args.new_tokens,
+            args.repeats,
             bandwidth_bytes=args.bandwidth_mib * 2**20,
             kernel_layouts=tuple(args.kernel_layouts),
             scan_layers=tuple(value == "1" for value in args.scan_layers),
-            checkpoint=args.checkpoint, torch_threads=args.torch_threads,
-        )  # fmt: skip
+            checkpoint=args.checkpoint,
+            torch_threads=args.torch_threads,
+        )
         result["against_transformers"] = comparison
         print()
         print(_format_comparison(comparison))

@@ -86,10 +86,22 @@ class LMConfig(ModelConfig):
     mlp_type: str = "swiglu"
     dropout_rate: float = 0.0
 
-    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "num_heads", "num_kv_heads",
-                "head_dim", "mlp_dim", "max_len")  # fmt: skip
-    CHOICES = {"remat_policy": REMAT_POLICIES, "kernel_layout": KERNEL_LAYOUTS,
-               "norm_type": NORM_TYPES, "mlp_type": MLP_TYPES}  # fmt: skip
+    POSITIVE = (
+        "vocab_size",
+        "num_layers",
+        "embed_dim",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "mlp_dim",
+        "max_len",
+    )
+    CHOICES = {
+        "remat_policy": REMAT_POLICIES,
+        "kernel_layout": KERNEL_LAYOUTS,
+        "norm_type": NORM_TYPES,
+        "mlp_type": MLP_TYPES,
+    }
     DTYPES = ("dtype", "param_dtype")
     TUPLES = ("full_attention_layers",)
     MULTIPLES = (("num_heads", "num_kv_heads"),)
@@ -195,15 +207,59 @@ _LLAMA3_ROPE = dict(
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": LMConfig.tiny().to_dict(),
     "lm_100m": LMConfig.lm_100m().to_dict(),
-    "llama3.1-8b": _released(128_256, 32, 4096, 32, 8, 128, 14_336, 131_072, rope_theta=500_000.0,
-                             rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
-    "llama3.2-1b": _released(128_256, 16, 2048, 32, 8, 64, 8192, 131_072, rope_theta=500_000.0,
-                             rope_scaling=dict(_LLAMA3_ROPE, factor=32.0), tie_embeddings=True),
-    "qwen2.5-7b": _released(152_064, 28, 3584, 28, 4, 128, 18_944, 32_768,
-                            rope_theta=1_000_000.0, norm_eps=1e-6, qkv_bias=True),
-    "qwen2.5-0.5b": _released(151_936, 24, 896, 14, 2, 64, 4864, 32_768, rope_theta=1_000_000.0,
-                              norm_eps=1e-6, qkv_bias=True, tie_embeddings=True),
-}  # fmt: skip
+    "llama3.1-8b": _released(
+        128_256,
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14_336,
+        131_072,
+        rope_theta=500_000.0,
+        rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+    ),
+    "llama3.2-1b": _released(
+        128_256,
+        16,
+        2048,
+        32,
+        8,
+        64,
+        8192,
+        131_072,
+        rope_theta=500_000.0,
+        rope_scaling=dict(_LLAMA3_ROPE, factor=32.0),
+        tie_embeddings=True,
+    ),
+    "qwen2.5-7b": _released(
+        152_064,
+        28,
+        3584,
+        28,
+        4,
+        128,
+        18_944,
+        32_768,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        qkv_bias=True,
+    ),
+    "qwen2.5-0.5b": _released(
+        151_936,
+        24,
+        896,
+        14,
+        2,
+        64,
+        4864,
+        32_768,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        qkv_bias=True,
+        tie_embeddings=True,
+    ),
+}
 
 
 def get_preset(name: str, **overrides: Any) -> LMConfig:

@@ -287,9 +287,14 @@ def prefill_chunks(
     logits = None
     if head:
         logits, cache = _apply(
-            model, params, tokens[:, :head], positions[:, :head], cache, intervention,
+            model,
+            params,
+            tokens[:, :head],
+            positions[:, :head],
+            cache,
+            intervention,
             last_only=True,
-        )  # fmt: skip
+        )
     num_chunks = (width - head) // chunk_size
     if num_chunks:
         batch = tokens.shape[0]
@@ -297,9 +302,14 @@ def prefill_chunks(
         def chunk(cache, inputs):
             chunk_tokens, chunk_positions = inputs
             logits, cache = _apply(
-                model, params, chunk_tokens, chunk_positions, cache, intervention,
+                model,
+                params,
+                chunk_tokens,
+                chunk_positions,
+                cache,
+                intervention,
                 last_only=True,
-            )  # fmt: skip
+            )
             return cache, logits[:, -1]
 
         split = lambda x: jnp.swapaxes(x[:, head:].reshape(batch, num_chunks, chunk_size), 0, 1)
@@ -393,9 +403,13 @@ def decode_loop(
     """
     batch_size = logits.shape[0]
     record = functools.partial(
-        _record, rng=rng, sampling=sampling, stop_ids=stop_ids, pad_id=pad_id,
+        _record,
+        rng=rng,
+        sampling=sampling,
+        stop_ids=stop_ids,
+        pad_id=pad_id,
         max_new_tokens=max_new_tokens,
-    )  # fmt: skip
+    )
     hook = step_hook if step_hook is not None else (lambda state: state)
     state = DecodeState(
         step=jnp.int32(0),
@@ -435,10 +449,26 @@ def decode_loop(
     donate_argnames="cache",
 )
 def _generate_jit(
-    model, params, tokens, prompt_lengths, start, cache, rng, sampling, stop_ids, pad_id,
-    max_new_tokens, hook_state, intervention, *, buffer_len, cache_len, prefill_chunk, step_hook,
+    model,
+    params,
+    tokens,
+    prompt_lengths,
+    start,
+    cache,
+    rng,
+    sampling,
+    stop_ids,
+    pad_id,
+    max_new_tokens,
+    hook_state,
+    intervention,
+    *,
+    buffer_len,
+    cache_len,
+    prefill_chunk,
+    step_hook,
     rules,
-):  # fmt: skip
+):
     with rules_context(rules):
         batch_size, width = tokens.shape
         if cache is None:
@@ -447,15 +477,30 @@ def _generate_jit(
             cache = constrain_cache(cache)
         positions = left_padded_positions(prompt_lengths, width, start)
         logits, cache = prefill_chunks(
-            model, params, tokens, positions, cache, chunk_size=prefill_chunk,
+            model,
+            params,
+            tokens,
+            positions,
+            cache,
+            chunk_size=prefill_chunk,
             intervention=intervention,
-        )  # fmt: skip
+        )
         state = decode_loop(
-            model, params, logits, start + prompt_lengths, cache, rng,
-            max_new_tokens=max_new_tokens, buffer_len=buffer_len, sampling=sampling,
-            stop_ids=stop_ids, pad_id=pad_id, step_hook=step_hook, hook_state=hook_state,
+            model,
+            params,
+            logits,
+            start + prompt_lengths,
+            cache,
+            rng,
+            max_new_tokens=max_new_tokens,
+            buffer_len=buffer_len,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            step_hook=step_hook,
+            hook_state=hook_state,
             intervention=intervention,
-        )  # fmt: skip
+        )
         return GenerateOutput(
             tokens=state.tokens,
             log_probs=state.log_probs,

@@ -91,9 +91,20 @@ from lhc.nn.rope import rope_frequencies
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 SUPPORTED_TENSOR_TYPES = (
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-)  # fmt: skip
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
 _HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _REQUIRED = object()
 
@@ -589,9 +600,11 @@ def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
             )
         specials[f"{name}_token"] = tokens[token_id]
     return HFTokenizer(
-        tokenizer, chat_template=file.get("tokenizer.chat_template", None),
-        add_bos_token=bool(file.get("tokenizer.ggml.add_bos_token", False)), **specials,
-    )  # fmt: skip
+        tokenizer,
+        chat_template=file.get("tokenizer.chat_template", None),
+        add_bos_token=bool(file.get("tokenizer.ggml.add_bos_token", False)),
+        **specials,
+    )
 
 
 def stop_tokens(path: str | os.PathLike) -> tuple[int, ...]:

@@ -318,8 +318,12 @@ def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[
     _check_tensors(config, {k: v.shape for k, v in tensors.items()}, "checkpoint")
     dtype = _numpy_dtype(config.param_dtype)
     d, n, k, h, f = (
-        config.embed_dim, config.num_heads, config.num_kv_heads, config.head_dim, config.mlp_dim
-    )  # fmt: skip
+        config.embed_dim,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.mlp_dim,
+    )
     layout = config.kernel_layout
 
     def get(name):

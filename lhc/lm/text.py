@@ -134,10 +134,15 @@ def generate_text(
         _ACTIVE.append(stream)
     try:
         out = generate(
-            checkpoint.model, checkpoint.params, token_prompts, max_new_tokens=max_new_tokens,
-            sampling=sampling, rng=jax.random.key(seed), stop_tokens=checkpoint.stop_tokens,
+            checkpoint.model,
+            checkpoint.params,
+            token_prompts,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            rng=jax.random.key(seed),
+            stop_tokens=checkpoint.stop_tokens,
             step_hook=_stream_hook if stream is not None else None,
-        )  # fmt: skip
+        )
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         if stream is not None:
             stream.finish()

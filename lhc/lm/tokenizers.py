@@ -226,10 +226,13 @@ class HFTokenizer:
         self.add_bos_token = bool(add_bos_token)
         self.special_tokens_map = {
             name: token
-            for name, token in (("bos_token", bos_token), ("eos_token", eos_token),
-                                ("pad_token", pad_token))
+            for name, token in (
+                ("bos_token", bos_token),
+                ("eos_token", eos_token),
+                ("pad_token", pad_token),
+            )
             if token is not None
-        }  # fmt: skip
+        }
         self._ids = {}
         for role, token in (("bos", bos_token), ("eos", eos_token), ("pad", pad_token)):
             if token is None:
@@ -271,8 +274,12 @@ class HFTokenizer:
         if os.path.exists(config_file):
             with open(config_file, encoding="utf-8") as handle:
                 add_bos = bool(json.load(handle).get("add_bos_token", False))
-        return cls(tokenizers.Tokenizer.from_file(file), chat_template=template,
-                   add_bos_token=add_bos, **specials)  # fmt: skip
+        return cls(
+            tokenizers.Tokenizer.from_file(file),
+            chat_template=template,
+            add_bos_token=add_bos,
+            **specials,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -329,9 +336,11 @@ class HFTokenizer:
         if self._chat_template is None:
             raise ValueError("this tokenizer has no chat template")
         return render_chat_template(
-            self._chat_template, messages, add_generation_prompt=add_generation_prompt,
+            self._chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
             **self.special_tokens_map,
-        )  # fmt: skip
+        )
 
 
 def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:

@@ -73,17 +73,21 @@ class LayerNorm(nn.Module):
         """Normalises the last axis of ``x`` ``[..., D]``."""
         features = (x.shape[-1],)
         scale = self.param(
-            "scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)), features,
+            "scale",
+            nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+            features,
             self.param_dtype,
-        )  # fmt: skip
+        )
         x32 = x.astype(jnp.float32)
         centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
         variance = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
         out = centred * jax.lax.rsqrt(variance + self.epsilon) * scale.astype(jnp.float32)
         if self.use_bias:
             bias = self.param(
-                "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)), features,
+                "bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
+                features,
                 self.param_dtype,
-            )  # fmt: skip
+            )
             out = out + bias.astype(jnp.float32)
         return out.astype(self.dtype)

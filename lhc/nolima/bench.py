@@ -70,8 +70,12 @@ def _model(args, max_len: int):
 
 def _world(world_config) -> world_lib.World:
     w = world_config or {"regions": 4, "cities": 3, "landmarks": 3, "seed": 0}
-    return world_lib.World.generate(regions=int(w["regions"]), cities=int(w["cities"]),
-                                    landmarks=int(w["landmarks"]), seed=int(w["seed"]))  # fmt: skip
+    return world_lib.World.generate(
+        regions=int(w["regions"]),
+        cities=int(w["cities"]),
+        landmarks=int(w["landmarks"]),
+        seed=int(w["seed"]),
+    )
 
 
 def _setup(args, tokenizer, world_config, longest: int):
@@ -83,11 +87,18 @@ def _setup(args, tokenizer, world_config, longest: int):
         test_regions = tuple(range(regions // 2))
         experiments = world.needle_set(test_regions)
         haystacks = [
-            Haystack(world.haystack_lines(lines_needed, decoy_regions=tuple(range(regions // 2, regions)),
-                                          decoy_rate=args.decoy_rate, seed=args.seed + h),
-                     tokenizer, f"world{h}")
+            Haystack(
+                world.haystack_lines(
+                    lines_needed,
+                    decoy_regions=tuple(range(regions // 2, regions)),
+                    decoy_rate=args.decoy_rate,
+                    seed=args.seed + h,
+                ),
+                tokenizer,
+                f"world{h}",
+            )
             for h in range(args.haystacks)
-        ]  # fmt: skip
+        ]
     else:
         experiments = load_needle_set(args.needle_set) if args.needle_set else lhc_needle_set()
         if not args.haystack:
@@ -114,14 +125,29 @@ def sweep(args) -> dict[str, Any]:
     lengths, depths = args.lengths, args.depths
     model, params, tokenizer, fmt, stops, world_config = _model(args, max(lengths) + 1024)
     cases, haystacks = _setup(args, tokenizer, world_config, max(lengths))
-    print(f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
-          f"depths x {len(lengths)} lengths ({args.variant})", flush=True)  # fmt: skip
+    print(
+        f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
+        f"depths x {len(lengths)} lengths ({args.variant})",
+        flush=True,
+    )
     start = time.perf_counter()
-    records = evaluate(model, params, tokenizer, cases, haystacks, lengths=lengths, depths=depths,
-                       variant=args.variant, fmt=fmt, batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens, stop_tokens=stops,
-                       prefill_chunk=args.prefill_chunk, results_path=args.results,
-                       log=lambda m: print(m, flush=True))  # fmt: skip
+    records = evaluate(
+        model,
+        params,
+        tokenizer,
+        cases,
+        haystacks,
+        lengths=lengths,
+        depths=depths,
+        variant=args.variant,
+        fmt=fmt,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        stop_tokens=stops,
+        prefill_chunk=args.prefill_chunk,
+        results_path=args.results,
+        log=lambda m: print(m, flush=True),
+    )
     result = summary(records)
     result["seconds"] = time.perf_counter() - start
     print(table(result))
@@ -136,10 +162,20 @@ def _one_length(args) -> dict[str, Any]:
     model, params, tokenizer, fmt, stops, world_config = _model(args, length + 1024)
     cases, haystacks = _setup(args, tokenizer, world_config, length)
     cases = (cases * args.tests)[: args.tests]
-    run = lambda c: evaluate(model, params, tokenizer, c, haystacks[:1], lengths=[length],
-                             depths=[0.5], fmt=fmt, batch_size=args.batch_size,
-                             max_new_tokens=args.max_new_tokens, stop_tokens=stops,
-                             prefill_chunk=args.prefill_chunk)  # fmt: skip
+    run = lambda c: evaluate(
+        model,
+        params,
+        tokenizer,
+        c,
+        haystacks[:1],
+        lengths=[length],
+        depths=[0.5],
+        fmt=fmt,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        stop_tokens=stops,
+        prefill_chunk=args.prefill_chunk,
+    )
     start = time.perf_counter()
     run(cases[: args.batch_size])
     compile_s = time.perf_counter() - start
@@ -147,10 +183,17 @@ def _one_length(args) -> dict[str, Any]:
     records = run(cases)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return {"length": length, "tests": len(records), "seconds": seconds,
-            "tests_per_s": len(records) / seconds, "first_batch_s": compile_s,
-            "peak_rss_gb": peak / 2**30, "prompt_tokens": records[0]["prompt_tokens"],
-            "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    return {
+        "length": length,
+        "tests": len(records),
+        "seconds": seconds,
+        "tests_per_s": len(records) / seconds,
+        "first_batch_s": compile_s,
+        "peak_rss_gb": peak / 2**30,
+        "prompt_tokens": records[0]["prompt_tokens"],
+        "batch_size": args.batch_size,
+        "max_new_tokens": args.max_new_tokens,
+    }
 
 
 def _without_lengths(argv: list[str]) -> list[str]:
@@ -169,17 +212,26 @@ def _without_lengths(argv: list[str]) -> list[str]:
 def throughput(args, argv: list[str]) -> list[dict[str, Any]]:
     rows = []
     for length in args.lengths:
-        command = [sys.executable, "-m", "lhc.nolima.bench", *_without_lengths(argv),
-                   "--one-length", f"--lengths={length}"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "lhc.nolima.bench",
+            *_without_lengths(argv),
+            "--one-length",
+            f"--lengths={length}",
+        ]
         proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not found:
             raise SystemExit(f"length {length} failed:\n{proc.stderr[-3000:]}")
         rows.append(json.loads(found[-1][len("RESULT ") :]))
         r = rows[-1]
-        print(f"length {length:>7}: {r['tests']} tests in {r['seconds']:.1f} s = "
-              f"{r['tests_per_s']:.3f} tests/s (batch {r['batch_size']}, first batch "
-              f"{r['first_batch_s']:.1f} s), peak RSS {r['peak_rss_gb']:.2f} GiB", flush=True)  # fmt: skip
+        print(
+            f"length {length:>7}: {r['tests']} tests in {r['seconds']:.1f} s = "
+            f"{r['tests_per_s']:.3f} tests/s (batch {r['batch_size']}, first batch "
+            f"{r['first_batch_s']:.1f} s), peak RSS {r['peak_rss_gb']:.2f} GiB",
+            flush=True,
+        )
     return rows
 
 
@@ -191,12 +243,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="plain prompts despite a chat template")
     p.add_argument("--world", action="store_true", help="the generated world's needles/haystack")
     p.add_argument("--needle-set", default=None, help="a needle-set JSON (default: lhc's)")
-    p.add_argument("--haystack", type=bench.str_list, default=None,
-                   help="comma-separated text files")  # fmt: skip
+    p.add_argument(
+        "--haystack", type=bench.str_list, default=None, help="comma-separated text files"
+    )
     p.add_argument("--shuffle", type=int, default=0, help="shuffled haystacks of N lines")
     p.add_argument("--filter", action="store_true", help="drop lines naming a keyword")
-    p.add_argument("--question-types", type=bench.str_list, default=None,
-                   help="e.g. onehop,twohop (default: all)")  # fmt: skip
+    p.add_argument(
+        "--question-types",
+        type=bench.str_list,
+        default=None,
+        help="e.g. onehop,twohop (default: all)",
+    )
     p.add_argument("--variant", default="plain", choices=("plain", "mc", "distractor"))
     p.add_argument("--pairs", type=int, default=0, help="only the first N pairs")
     p.add_argument("--haystacks", type=int, default=1, help="generated haystacks (--world)")

@@ -98,8 +98,7 @@ class Test:
 
     @property
     def key(self) -> str:
-        return (f"{self.variant}/{self.length}/{self.haystack}/{self.case.pair}/"
-                f"{self.depth:g}")  # fmt: skip
+        return f"{self.variant}/{self.length}/{self.haystack}/{self.case.pair}/{self.depth:g}"
 
 
 def make_tests(
@@ -119,10 +118,17 @@ def make_tests(
         raise ValueError(f"depths must lie in [0, 1], got {list(depths)}")
     if variant == "distractor" and any(c.distractor is None for c in cases):
         missing = sorted({c.experiment_id for c in cases if c.distractor is None})
-        raise ValueError(f"variant 'distractor': experiments {missing} have no distractor "
-                         "for their question type")  # fmt: skip
-    return [Test(c, h, int(n), float(d), variant) for n in lengths for h in range(num_haystacks)
-            for c in cases for d in depths]  # fmt: skip
+        raise ValueError(
+            f"variant 'distractor': experiments {missing} have no distractor "
+            "for their question type"
+        )
+    return [
+        Test(c, h, int(n), float(d), variant)
+        for n in lengths
+        for h in range(num_haystacks)
+        for c in cases
+        for d in depths
+    ]
 
 
 def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[str, Any]:
@@ -140,8 +146,10 @@ def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[
     )
     names = haystack.absent(case.character_set)
     if len(names) < (4 if test.variant == "mc" else 1):
-        raise ValueError(f"experiment {case.experiment_id}: too few names of its character_set "
-                         f"are absent from haystack {haystack.name!r}")  # fmt: skip
+        raise ValueError(
+            f"experiment {case.experiment_id}: too few names of its character_set "
+            f"are absent from haystack {haystack.name!r}"
+        )
     name = str(names[rng.integers(len(names))])
     question = case.question
     if test.variant == "mc":
@@ -155,9 +163,13 @@ def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[
         allowed = [d for d in np.linspace(0.2, 0.8, 61) if abs(d - test.depth) >= 0.2]
         distractor_depth = float(allowed[rng.integers(len(allowed))])
         distractor = case.distractor
-    placement = haystack.place(case.needle.replace("{CHAR}", name), length=test.length,
-                               depth=test.depth, distractor=distractor,
-                               distractor_depth=distractor_depth)  # fmt: skip
+    placement = haystack.place(
+        case.needle.replace("{CHAR}", name),
+        length=test.length,
+        depth=test.depth,
+        distractor=distractor,
+        distractor_depth=distractor_depth,
+    )
     answers = (
         [a.replace("{CHAR}", name) for a in case.gold_answers] if case.gold_answers else [name]
     )
@@ -196,17 +208,28 @@ GenerateFn = Callable[[list[list[int]]], list[list[int]]]
 
 
 def model_generate(
-    model, params, *, max_new_tokens: int, stop_tokens: Sequence[int] = (), pad_id: int = 0,
+    model,
+    params,
+    *,
+    max_new_tokens: int,
+    stop_tokens: Sequence[int] = (),
+    pad_id: int = 0,
     prefill_chunk: int = 512,
-) -> GenerateFn:  # fmt: skip
+) -> GenerateFn:
     """A batched greedy generation function of an ``lhc.lm`` protocol model: token lists
     in, each response's tokens (up to and without the stop token) out."""
     from lhc import lm
 
     def run(prompts: list[list[int]]) -> list[list[int]]:
-        out = lm.generate(model, params, prompts, max_new_tokens=max_new_tokens,
-                          stop_tokens=tuple(stop_tokens), pad_id=pad_id,
-                          prefill_chunk=prefill_chunk)  # fmt: skip
+        out = lm.generate(
+            model,
+            params,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            stop_tokens=tuple(stop_tokens),
+            pad_id=pad_id,
+            prefill_chunk=prefill_chunk,
+        )
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         responses = []
         for row, n in zip(tokens, lengths):
@@ -265,9 +288,14 @@ def evaluate(
         stop_tokens = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
     if generate_fn is None:
         pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
-        generate_fn = model_generate(model, params, max_new_tokens=max_new_tokens,
-                                     stop_tokens=stop_tokens, pad_id=pad_id,
-                                     prefill_chunk=prefill_chunk)  # fmt: skip
+        generate_fn = model_generate(
+            model,
+            params,
+            max_new_tokens=max_new_tokens,
+            stop_tokens=stop_tokens,
+            pad_id=pad_id,
+            prefill_chunk=prefill_chunk,
+        )
     if log and len(pending) < len(tests):
         log(f"{len(tests) - len(pending)} of {len(tests)} tests already in {results_path}")
     if results_path:
@@ -286,14 +314,23 @@ def evaluate(
         for test, b, response in zip(batch, built, responses):
             text = tokenizer.decode(response)
             new[test.key] = record = {
-                "key": test.key, "pair": test.case.pair, "experiment": test.case.experiment_id,
-                "test": test.case.test_id, "question_type": test.case.question_type,
-                "variant": test.variant, "length": test.length,
-                "haystack": haystacks[test.haystack].name, "depth": test.depth,
-                "name": b["name"], "answers": b["answers"], "response": text,
-                "correct": contains(text, b["answers"]), "prompt_tokens": len(b["tokens"]),
-                "needle_start": b["needle_start"], "distractor_depth": b["distractor_depth"],
-            }  # fmt: skip
+                "key": test.key,
+                "pair": test.case.pair,
+                "experiment": test.case.experiment_id,
+                "test": test.case.test_id,
+                "question_type": test.case.question_type,
+                "variant": test.variant,
+                "length": test.length,
+                "haystack": haystacks[test.haystack].name,
+                "depth": test.depth,
+                "name": b["name"],
+                "answers": b["answers"],
+                "response": text,
+                "correct": contains(text, b["answers"]),
+                "prompt_tokens": len(b["tokens"]),
+                "needle_start": b["needle_start"],
+                "distractor_depth": b["distractor_depth"],
+            }
             lines.append(json.dumps(record))
         if results_path:
             with open(results_path, "a", encoding="utf-8") as handle:

@@ -143,8 +143,9 @@ def parse_needle_set(data: Any, source: str = "needle set") -> list[NeedleSet]:
             raise ValueError(f"{where}: expected an object, got {type(entry).__name__}")
         entry_id = entry.get("id")
         if not isinstance(entry_id, str) or not entry_id[:4].isdigit() or len(entry_id) < 4:
-            raise ValueError(f"{where}: field 'id' must be a string starting with 4 digits, "
-                             f"got {entry_id!r}")  # fmt: skip
+            raise ValueError(
+                f"{where}: field 'id' must be a string starting with 4 digits, got {entry_id!r}"
+            )
         where = f"{source}: entry {index} (id {entry_id!r})"
         if entry_id in seen:
             raise ValueError(f"{where}: field 'id' repeats an earlier entry's id")
@@ -153,20 +154,28 @@ def parse_needle_set(data: Any, source: str = "needle set") -> list[NeedleSet]:
         field = functools.partial(_field, entry, where)
 
         system_prompt = field("system_prompt", lambda v: isinstance(v, str), "a string")
-        needle = field("needle", lambda v: isinstance(v, str) and "{CHAR}" in v,
-                       "a string holding {CHAR}")  # fmt: skip
+        needle = field(
+            "needle", lambda v: isinstance(v, str) and "{CHAR}" in v, "a string holding {CHAR}"
+        )
         questions = field("questions", _string_map, "a non-empty object of question templates")
         characters = field("character_set", _strings, "a non-empty list of names")
-        tests = field("tests", lambda v: isinstance(v, dict) and bool(v),
-                      "a non-empty object of tests")  # fmt: skip
-        template = field("task_template", lambda v: isinstance(v, str) and "{haystack}" in v
-                         and "{question}" in v, "a string holding {haystack} and {question}",
-                         required=False)  # fmt: skip
-        distractors = field("distractors", _string_map, "an object of distractor templates",
-                            required=False)  # fmt: skip
+        tests = field(
+            "tests", lambda v: isinstance(v, dict) and bool(v), "a non-empty object of tests"
+        )
+        template = field(
+            "task_template",
+            lambda v: isinstance(v, str) and "{haystack}" in v and "{question}" in v,
+            "a string holding {haystack} and {question}",
+            required=False,
+        )
+        distractors = field(
+            "distractors", _string_map, "an object of distractor templates", required=False
+        )
         if distractors is not None and set(distractors) - set(questions):
-            raise ValueError(f"{where}: field 'distractors' has question types "
-                             f"{sorted(set(distractors) - set(questions))} not in 'questions'")  # fmt: skip
+            raise ValueError(
+                f"{where}: field 'distractors' has question types "
+                f"{sorted(set(distractors) - set(questions))} not in 'questions'"
+            )
         parsed = {}
         for test_id, test in tests.items():
             at = f"{where}, test {test_id!r}"
@@ -181,14 +190,23 @@ def parse_needle_set(data: Any, source: str = "needle set") -> list[NeedleSet]:
             for name, text in templates.items():
                 slots = [int(s) for s in SLOT.findall(text)]
                 if slots and (min(slots) < 1 or max(slots) > len(args)):
-                    raise ValueError(f"{at}: field {name!r} uses slot {{{max(slots)}}} but "
-                                     f"'input_args' has {len(args)} values")  # fmt: skip
+                    raise ValueError(
+                        f"{at}: field {name!r} uses slot {{{max(slots)}}} but "
+                        f"'input_args' has {len(args)} values"
+                    )
             parsed[test_id] = NeedleTest(tuple(args), None if gold is None else tuple(gold))
-        experiments.append(NeedleSet(
-            id=entry_id, system_prompt=system_prompt, needle=needle, questions=dict(questions),
-            character_set=tuple(characters), tests=parsed, task_template=template,
-            distractors=None if distractors is None else dict(distractors),
-        ))  # fmt: skip
+        experiments.append(
+            NeedleSet(
+                id=entry_id,
+                system_prompt=system_prompt,
+                needle=needle,
+                questions=dict(questions),
+                character_set=tuple(characters),
+                tests=parsed,
+                task_template=template,
+                distractors=None if distractors is None else dict(distractors),
+            )
+        )
     return experiments
 
 
@@ -210,8 +228,9 @@ def to_json(experiments: Sequence[NeedleSet]) -> list[dict]:
         entry: dict[str, Any] = {"id": e.id, "system_prompt": e.system_prompt}
         if e.task_template is not None:
             entry["task_template"] = e.task_template
-        entry.update(needle=e.needle, questions=dict(e.questions),
-                     character_set=list(e.character_set))  # fmt: skip
+        entry.update(
+            needle=e.needle, questions=dict(e.questions), character_set=list(e.character_set)
+        )
         entry["tests"] = {
             k: {"input_args": list(t.input_args)}
             | ({} if t.gold_answers is None else {"gold_answers": list(t.gold_answers)})
@@ -244,14 +263,23 @@ def needle_cases(
                 if question_types is not None and question_type not in question_types:
                     continue
                 distractor = (e.distractors or {}).get(question_type)
-                cases.append(NeedleCase(
-                    experiment_id=e.id, test_id=test_id, question_type=question_type,
-                    needle=fill(e.needle, test.input_args),
-                    question=fill(question, test.input_args), system_prompt=e.system_prompt,
-                    character_set=e.character_set, seed=e.seed, task_template=e.task_template,
-                    distractor=None if distractor is None else fill(distractor, test.input_args),
-                    gold_answers=test.gold_answers,
-                ))  # fmt: skip
+                cases.append(
+                    NeedleCase(
+                        experiment_id=e.id,
+                        test_id=test_id,
+                        question_type=question_type,
+                        needle=fill(e.needle, test.input_args),
+                        question=fill(question, test.input_args),
+                        system_prompt=e.system_prompt,
+                        character_set=e.character_set,
+                        seed=e.seed,
+                        task_template=e.task_template,
+                        distractor=None
+                        if distractor is None
+                        else fill(distractor, test.input_args),
+                        gold_answers=test.gold_answers,
+                    )
+                )
     return cases
 
 

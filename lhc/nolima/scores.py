@@ -103,15 +103,17 @@ def summary(
             out.update(
                 base=base,
                 effective_length=effective_length(by_length, base, threshold),
-                normalized={n: (s / base if base > 0 else float("nan"))
-                            for n, s in by_length.items()},
-            )  # fmt: skip
+                normalized={
+                    n: (s / base if base > 0 else float("nan")) for n, s in by_length.items()
+                },
+            )
         return out
 
     result = block(records)
     kinds = sorted({r["question_type"] for r in records})
-    result["by_question_type"] = {k: block([r for r in records if r["question_type"] == k])
-                                  for k in kinds}  # fmt: skip
+    result["by_question_type"] = {
+        k: block([r for r in records if r["question_type"] == k]) for k in kinds
+    }
     grid: dict[tuple[int, float], list[float]] = defaultdict(list)
     for r in records:
         grid[int(r["length"]), float(r["depth"])].append(float(r["correct"]))
@@ -132,8 +134,11 @@ def table(result: Mapping) -> str:
         cells = [f"{b['by_length'][n]:.2f}" if n in b["by_length"] else "" for n in lengths]
         base = f"{b['base']:.2f}" if "base" in b else ""
         effective = b.get("effective_length")
-        rows.append(f"| {name} | {base} | " + " | ".join(cells)
-                    + f" | {'<' + str(lengths[0]) if effective is None and base else effective or ''} |")  # fmt: skip
+        rows.append(
+            f"| {name} | {base} | "
+            + " | ".join(cells)
+            + f" | {'<' + str(lengths[0]) if effective is None and base else effective or ''} |"
+        )
     return "\n".join(rows)
 
 
@@ -171,8 +176,17 @@ def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> l
             reference = plots.Reference(0.85 * block["base"], color=f"C{index}", linestyle=":")
             references.append(reference)
     path = os.path.join(directory, "curves.png")
-    plots.curves(path, lines, xlabel="context length (tokens)", ylabel="accuracy",
-                 title=f"{title} (dotted: 85% of base)", references=references, log_x_base=2,
-                 y_limits=(-0.02, 1.02), marker="o", figsize=(5.5, 3.5))  # fmt: skip
+    plots.curves(
+        path,
+        lines,
+        xlabel="context length (tokens)",
+        ylabel="accuracy",
+        title=f"{title} (dotted: 85% of base)",
+        references=references,
+        log_x_base=2,
+        y_limits=(-0.02, 1.02),
+        marker="o",
+        figsize=(5.5, 3.5),
+    )
     paths.append(path)
     return paths

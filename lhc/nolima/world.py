@@ -50,10 +50,16 @@ NAMES = (
 ).split()
 _SYLLABLES = "ka lo ve ri sta mor pel dun vo ra ni tes gal bri ol sen tar um fen dri".split()
 _KINDS = ("Gate", "Tower", "Bridge", "Hall", "Market", "Fountain", "Abbey", "Arch")
-_SUBJECTS = "The old miller|A tired farmer|The baker|Her cousin|The young clerk|A stranger|The ferryman|His neighbour".split("|")  # fmt: skip
+_SUBJECTS = "The old miller|A tired farmer|The baker|Her cousin|The young clerk|A stranger|The ferryman|His neighbour".split(
+    "|"
+)
 _VERBS = "carried|mended|sold|painted|found|forgot|counted|cleaned".split("|")
-_OBJECTS = "the bread|a wooden chair|the nets|some apples|an old coat|the ledger|a clay jar|the lamps".split("|")  # fmt: skip
-_PLACES = "before dawn|across the yard|in the rain|after supper|by the river|near the barn|at noon|without a word".split("|")  # fmt: skip
+_OBJECTS = "the bread|a wooden chair|the nets|some apples|an old coat|the ledger|a clay jar|the lamps".split(
+    "|"
+)
+_PLACES = "before dawn|across the yard|in the rain|after supper|by the river|near the barn|at noon|without a word".split(
+    "|"
+)
 
 
 def _word(rng: np.random.Generator, syllables: int) -> str:
@@ -95,8 +101,13 @@ class World:
                     landmark_names.append(
                         fresh(lambda: f"the {_word(rng, 2)} {_KINDS[rng.integers(len(_KINDS))]}")
                     )
-        return cls(tuple(landmark_names), tuple(city_names), tuple(region_names),
-                   tuple(city_of), tuple(region_of))  # fmt: skip
+        return cls(
+            tuple(landmark_names),
+            tuple(city_names),
+            tuple(region_names),
+            tuple(city_of),
+            tuple(region_of),
+        )
 
     def region_of_landmark(self, landmark: int) -> int:
         return self.region_of[self.city_of[landmark]]
@@ -111,14 +122,23 @@ class World:
     ) -> list[NeedleSet]:
         """The world as a needle set: both needle orders, the three question types, one
         test per landmark of ``regions`` (all by default)."""
-        keep = [i for i in range(len(self.landmarks))
-                if regions is None or self.region_of_landmark(i) in regions]  # fmt: skip
+        keep = [
+            i
+            for i in range(len(self.landmarks))
+            if regions is None or self.region_of_landmark(i) in regions
+        ]
         tests = {f"L{i:02d}": NeedleTest(tuple(self.args(i))) for i in keep}
         return [
-            NeedleSet(id=f"{9001 + k}" + ("Inv" if k else ""), system_prompt="", needle=needle,
-                      questions=dict(QUESTIONS), character_set=tuple(names), tests=tests)
+            NeedleSet(
+                id=f"{9001 + k}" + ("Inv" if k else ""),
+                system_prompt="",
+                needle=needle,
+                questions=dict(QUESTIONS),
+                character_set=tuple(names),
+                tests=tests,
+            )
             for k, needle in enumerate(NEEDLES)
-        ]  # fmt: skip
+        ]
 
     def haystack_lines(
         self,
@@ -132,8 +152,9 @@ class World:
         """Filler lines, a fraction ``decoy_rate`` of them decoys (a name from ``names``
         next to a landmark of ``decoy_regions``)."""
         rng = np.random.default_rng(seed)
-        decoys = [i for i in range(len(self.landmarks))
-                  if self.region_of_landmark(i) in decoy_regions]  # fmt: skip
+        decoys = [
+            i for i in range(len(self.landmarks)) if self.region_of_landmark(i) in decoy_regions
+        ]
         return [self._line(rng, decoys, names, decoy_rate) for _ in range(num_lines)]
 
     def _line(self, rng, decoys, names, decoy_rate) -> str:
@@ -207,28 +228,39 @@ class WorldTask(PasskeyTask):
 
     def world(self) -> World:
         w = self.config.world
-        return World.generate(regions=int(w.regions), cities=int(w.cities),
-                              landmarks=int(w.landmarks), seed=int(w.seed))  # fmt: skip
+        return World.generate(
+            regions=int(w.regions),
+            cities=int(w.cities),
+            landmarks=int(w.landmarks),
+            seed=int(w.seed),
+        )
 
     def _make_batch(self, seed, index, rows):
         data, world = self.config.data, self.world()
         longest = int(data.length)
         shortest = int(data.get("min_length") or longest)
         if not 1 <= shortest <= longest:
-            raise ValueError(f"config.data.min_length must lie in [1, length={longest}], "
-                             f"got {shortest}")  # fmt: skip
+            raise ValueError(
+                f"config.data.min_length must lie in [1, length={longest}], got {shortest}"
+            )
         types = tuple(data.get("question_types", ("onehop", "twohop", "direct")))
         unknown = set(types) - set(QUESTIONS)
         if unknown:
-            raise ValueError(f"config.data.question_types: unknown {sorted(unknown)}; "
-                             f"known {sorted(QUESTIONS)}")  # fmt: skip
+            raise ValueError(
+                f"config.data.question_types: unknown {sorted(unknown)}; known {sorted(QUESTIONS)}"
+            )
 
         def row(rng):
             n = int(rng.integers(shortest, longest + 1))
-            example = world_example(rng, world, length=n + 1, tokenizer=self.tokenizer,
-                                    decoy_rate=float(data.get("decoy_rate", 0.2)),
-                                    min_decoys=int(data.get("min_decoys", 2)),
-                                    question_types=types)  # fmt: skip
+            example = world_example(
+                rng,
+                world,
+                length=n + 1,
+                tokenizer=self.tokenizer,
+                decoy_rate=float(data.get("decoy_rate", 0.2)),
+                min_decoys=int(data.get("min_decoys", 2)),
+                question_types=types,
+            )
             return right_pad(example, longest, self.tokenizer.pad_id)
 
         return stack_rows(row, row_rngs(seed, index, rows))

@@ -42,17 +42,30 @@ def bench_model(size: str, max_len: int) -> tuple[LMConfig, Any]:
     layers, heads, width = SIZES[size]
     tokenizer = tokenizer_for(make_problem("sat", num_vars=10))
     config = LMConfig(
-        vocab_size=tokenizer.vocab_size, num_layers=layers, embed_dim=width, num_heads=heads,
-        num_kv_heads=heads, head_dim=width // heads, mlp_dim=4 * width, max_len=max_len,
-        norm_type="layernorm", mlp_type="gelu", tie_embeddings=True, norm_eps=1e-5,
-    )  # fmt: skip
+        vocab_size=tokenizer.vocab_size,
+        num_layers=layers,
+        embed_dim=width,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=width // heads,
+        mlp_dim=4 * width,
+        max_len=max_len,
+        norm_type="layernorm",
+        mlp_type="gelu",
+        tie_embeddings=True,
+        norm_eps=1e-5,
+    )
     return config, tokenizer
 
 
 def measure(
-    contexts, new_tokens: int, batch_size: int = 1, size: str = "paper", seed: int = 0,
+    contexts,
+    new_tokens: int,
+    batch_size: int = 1,
+    size: str = "paper",
+    seed: int = 0,
     repeats: int = 1,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """One row per context: seconds (the fastest of ``repeats`` runs after a warm-up
     run) and tokens per second of both ways."""
     config, tokenizer = bench_model(size, max(contexts))
@@ -66,9 +79,12 @@ def measure(
             raise ValueError(f"context {context} must exceed --new-tokens {new_tokens}")
         prompts = [rng.choice(words, size=context - new_tokens).tolist() for _ in range(batch_size)]
         kwargs = dict(
-            max_new_tokens=new_tokens, context_limit=context,
-            sampling=SamplingParams(temperature=1.0), rng=jax.random.key(seed), stop_tokens=[],
-        )  # fmt: skip
+            max_new_tokens=new_tokens,
+            context_limit=context,
+            sampling=SamplingParams(temperature=1.0),
+            rng=jax.random.key(seed),
+            stop_tokens=[],
+        )
         row: dict[str, Any] = {"context": context, "new_tokens": new_tokens, "batch": batch_size}
         outputs = {}
         for name, fn in (("rewind", generate), ("recompute", generate_recompute)):

@@ -129,16 +129,28 @@ def evaluate_generation(
         batch_rng = jax.random.fold_in(rng, start // batch_size)
         if method == "pencil":
             out = generation.generate(
-                model, params, prompts, tokenizer, max_new_tokens=max_new_tokens,
-                context_limit=context_limit, sampling=sampling, rng=batch_rng,
-            )  # fmt: skip
+                model,
+                params,
+                prompts,
+                tokenizer,
+                max_new_tokens=max_new_tokens,
+                context_limit=context_limit,
+                sampling=sampling,
+                rng=batch_rng,
+            )
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
             contexts, over = np.asarray(out.max_context), np.asarray(out.overflowed)
         else:
             out = lm.generate(
-                cot_model, params, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                rng=batch_rng, stop_tokens=[tokenizer.eos_id], pad_id=tokenizer.pad_id,
-            )  # fmt: skip
+                cot_model,
+                params,
+                prompts,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                rng=batch_rng,
+                stop_tokens=[tokenizer.eos_id],
+                pad_id=tokenizer.pad_id,
+            )
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
             # Each token but a final end of text is fed: the context it needed.
             ends = np.array([tokens[b, n - 1] == tokenizer.eos_id for b, n in enumerate(lengths)])

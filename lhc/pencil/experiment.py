@@ -80,9 +80,15 @@ def pencil_config(
         )
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, learning_rate, warmup_steps=warmup_steps,
-                     end_lr_fraction=0.1, b2=0.99, weight_decay=0.1)
-    )  # fmt: skip
+        adamw_cosine(
+            config.num_steps,
+            learning_rate,
+            warmup_steps=warmup_steps,
+            end_lr_fraction=0.1,
+            b2=0.99,
+            weight_decay=0.1,
+        )
+    )
     config.pencil_eval = ml_collections.ConfigDict(
         dict(
             num_instances=eval_instances,

@@ -210,9 +210,21 @@ def _reduction_hook(state: decoding.DecodeState, *, model, params, special, answ
     static_argnames=("buffer_len", "limit", "prefill_chunk", "answer_chunk"),
 )
 def _generate_jit(
-    model, params, prompts, prompt_lengths, rng, sampling, stop_ids, max_new_tokens, special, *,
-    buffer_len, limit, prefill_chunk, answer_chunk,
-):  # fmt: skip
+    model,
+    params,
+    prompts,
+    prompt_lengths,
+    rng,
+    sampling,
+    stop_ids,
+    max_new_tokens,
+    special,
+    *,
+    buffer_len,
+    limit,
+    prefill_chunk,
+    answer_chunk,
+):
     batch, width = prompts.shape
     # One cache slot per position: the prompts are right-padded, and all but their last
     # token are prefilled, then the padding is dropped again, so the cache needs no room
@@ -222,9 +234,13 @@ def _generate_jit(
     last = prompt_lengths - 1
     in_prefix = index < last[:, None]
     _, cache = decoding.prefill_chunks(
-        model, params, jnp.where(in_prefix, prompts, special.pad), jnp.where(in_prefix, index, -1),
-        cache, chunk_size=prefill_chunk,
-    )  # fmt: skip
+        model,
+        params,
+        jnp.where(in_prefix, prompts, special.pad),
+        jnp.where(in_prefix, index, -1),
+        cache,
+        chunk_size=prefill_chunk,
+    )
     cache = cache.truncate_at_position(last)
     logits, cache = model.apply(
         {"params": params}, _take_rows(prompts, last[:, None]), last[:, None], cache
@@ -239,14 +255,28 @@ def _generate_jit(
         seen=jnp.zeros((batch,), jnp.int32),
     )
     hook = functools.partial(
-        _reduction_hook, model=model, params=params, special=special,
-        answer_chunk=answer_chunk, limit=limit,
-    )  # fmt: skip
+        _reduction_hook,
+        model=model,
+        params=params,
+        special=special,
+        answer_chunk=answer_chunk,
+        limit=limit,
+    )
     state = decoding.decode_loop(
-        model, params, logits[:, -1], prompt_lengths, cache, rng, max_new_tokens=max_new_tokens,
-        buffer_len=buffer_len, sampling=sampling, stop_ids=stop_ids, pad_id=special.pad,
-        step_hook=hook, hook_state=hooked,
-    )  # fmt: skip
+        model,
+        params,
+        logits[:, -1],
+        prompt_lengths,
+        cache,
+        rng,
+        max_new_tokens=max_new_tokens,
+        buffer_len=buffer_len,
+        sampling=sampling,
+        stop_ids=stop_ids,
+        pad_id=special.pad,
+        step_hook=hook,
+        hook_state=hooked,
+    )
     hooked = state.hook_state
     return PencilOutput(
         tokens=state.tokens,
@@ -348,13 +378,20 @@ def generate(
         raise ValueError(f"answer_chunk must be >= 1, got {answer_chunk}")
     stop_tokens = [tokenizer.eos_id] if stop_tokens is None else list(stop_tokens)
     out = _generate_jit(
-        model, params, jnp.asarray(tokens), jnp.asarray(lengths),
-        jax.random.key(0) if rng is None else rng, sampling.as_arrays(),
-        jnp.asarray(decoding.stop_token_array(stop_tokens)), jnp.int32(max_new_tokens),
-        SpecialIds.of(tokenizer), buffer_len=decoding.bucket_length(max_new_tokens),
-        limit=int(context_limit), prefill_chunk=int(prefill_chunk),
+        model,
+        params,
+        jnp.asarray(tokens),
+        jnp.asarray(lengths),
+        jax.random.key(0) if rng is None else rng,
+        sampling.as_arrays(),
+        jnp.asarray(decoding.stop_token_array(stop_tokens)),
+        jnp.int32(max_new_tokens),
+        SpecialIds.of(tokenizer),
+        buffer_len=decoding.bucket_length(max_new_tokens),
+        limit=int(context_limit),
+        prefill_chunk=int(prefill_chunk),
         answer_chunk=int(answer_chunk),
-    )  # fmt: skip
+    )
     return out.replace(
         tokens=out.tokens[:, :max_new_tokens], log_probs=out.log_probs[:, :max_new_tokens]
     )

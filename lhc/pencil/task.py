@@ -103,9 +103,12 @@ class PencilTask(CausalLMTask):
 
     def _make_batch(self, seed, index, rows):
         make = functools.partial(
-            example_row, self.problem, self.tokenizer, format=self.config.data.format,
+            example_row,
+            self.problem,
+            self.tokenizer,
+            format=self.config.data.format,
             context_limit=int(self.config.data.context_limit),
-        )  # fmt: skip
+        )
         tokens, trained, truncated = zip(*(make(rng) for rng in row_rngs(seed, index, rows)))
         tokens, trained = np.stack(tokens), np.stack(trained)
         return {
@@ -139,10 +142,17 @@ class PencilTask(CausalLMTask):
         instances = self.eval_instances(int(settings.num_instances))
         for method in methods:
             result = evaluate_generation(
-                self.model, params, instances, self.tokenizer, self.problem.labels(),
-                method=method, context_limit=int(self.config.data.context_limit),
-                max_new_tokens=int(settings.max_new_tokens), sampling=sampling,
-                rng=jax.random.key(int(self.config.seed)), batch_size=int(settings.batch_size),
-            )  # fmt: skip
+                self.model,
+                params,
+                instances,
+                self.tokenizer,
+                self.problem.labels(),
+                method=method,
+                context_limit=int(self.config.data.context_limit),
+                max_new_tokens=int(settings.max_new_tokens),
+                sampling=sampling,
+                rng=jax.random.key(int(self.config.seed)),
+                batch_size=int(settings.batch_size),
+            )
             metrics.update(result.metrics(prefix=f"eval/{method}/"))
         return metrics

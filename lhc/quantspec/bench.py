@@ -41,9 +41,16 @@ from lhc.quantspec.weights import quantize_params
 # ``--random``: the model of ``configs/quantspec_passkey.py`` (byte tokens; KV groups of
 # 32 channels cover a head).
 RANDOM_MODEL = lm.LMConfig(
-    vocab_size=259, num_layers=4, embed_dim=128, num_heads=4, num_kv_heads=4, head_dim=32,
-    mlp_dim=256, max_len=16_384, tie_embeddings=True,
-)  # fmt: skip
+    vocab_size=259,
+    num_layers=4,
+    embed_dim=128,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=32,
+    mlp_dim=256,
+    max_len=16_384,
+    tie_embeddings=True,
+)
 
 
 def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size: int = 128):
@@ -53,13 +60,29 @@ def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size
         for context in contexts:
             mlp = traffic.step_bytes(size, context, group_size=group_size, weights="mlp")
             full = traffic.step_bytes(size, context, group_size=group_size, weights="all")
-            speed = {w: traffic.predicted_speedup(size, context, gamma=gamma, acceptance=acceptance,
-                                                  group_size=group_size, weights=w)
-                     for w in ("mlp", "all")}  # fmt: skip
-            rows.append(dict(config=name, context=context, ar_gb=mlp["ar"] / 1e9,
-                             draft_mlp_gb=mlp["draft"] / 1e9, draft_all_gb=full["draft"] / 1e9,
-                             verify_gb=mlp["verify"] / 1e9, speedup_mlp=speed["mlp"],
-                             speedup_all=speed["all"]))  # fmt: skip
+            speed = {
+                w: traffic.predicted_speedup(
+                    size,
+                    context,
+                    gamma=gamma,
+                    acceptance=acceptance,
+                    group_size=group_size,
+                    weights=w,
+                )
+                for w in ("mlp", "all")
+            }
+            rows.append(
+                dict(
+                    config=name,
+                    context=context,
+                    ar_gb=mlp["ar"] / 1e9,
+                    draft_mlp_gb=mlp["draft"] / 1e9,
+                    draft_all_gb=full["draft"] / 1e9,
+                    verify_gb=mlp["verify"] / 1e9,
+                    speedup_mlp=speed["mlp"],
+                    speedup_all=speed["all"],
+                )
+            )
     return rows
 
 
@@ -74,8 +97,12 @@ def traffic_table(rows, gamma, acceptance) -> str:
     return bench.markdown_table(columns, rows)
 
 
-def load_model(workdir: str | None, random_seed: int | None, checkpoint: str | None = None,
-               dtype: str | None = None):  # fmt: skip
+def load_model(
+    workdir: str | None,
+    random_seed: int | None,
+    checkpoint: str | None = None,
+    dtype: str | None = None,
+):
     """``(model, params, tokenizer)``: an imported checkpoint's (in ``dtype``), a trained
     run's (``lhc.bench.load_model_source``: SystemExit with one line when missing), or
     random weights of ``RANDOM_MODEL`` (byte tokens)."""
@@ -98,8 +125,19 @@ def filler_prompts(batch: int, length: int, seed: int = 0, tokenizer=None, fille
     return np.stack([source.tokens(tokenizer, rng, length) for _ in range(batch)]).astype(np.int32)
 
 
-def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, batch, weights,
-            tokenizer=None, filler=None):  # fmt: skip
+def measure(
+    model,
+    params,
+    prompt_lengths,
+    *,
+    new_tokens,
+    gamma,
+    group_size,
+    batch,
+    weights,
+    tokenizer=None,
+    filler=None,
+):
     weight_group = decoding.default_weight_group_size(model.config, weights)
     draft = quantize_params(params, group_size=weight_group, layers=weights)
     group_size = group_size or decoding.default_group_size(model.config)
@@ -108,11 +146,19 @@ def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, bat
         prompts = filler_prompts(batch, length, tokenizer=tokenizer, filler=filler)
         runs = {
             "fp": functools.partial(lm.generate, model, params, prompts, prefill_chunk=512),
-            "int8": functools.partial(decoding.generate, model, params, prompts,
-                                      group_size=group_size),
-            "spec": functools.partial(decoding.speculative_generate, model, params, prompts,
-                                      gamma=gamma, group_size=group_size, draft_params=draft),
-        }  # fmt: skip
+            "int8": functools.partial(
+                decoding.generate, model, params, prompts, group_size=group_size
+            ),
+            "spec": functools.partial(
+                decoding.speculative_generate,
+                model,
+                params,
+                prompts,
+                gamma=gamma,
+                group_size=group_size,
+                draft_params=draft,
+            ),
+        }
         seconds, outs = {}, {}
         for name, run in runs.items():
             # Decoding alone: N new tokens minus 1 (the prefill and the first token).
@@ -127,13 +173,23 @@ def measure(model, params, prompt_lengths, *, new_tokens, gamma, group_size, bat
             for b in range(batch)
         )
         generated = float(batch * (new_tokens - 1))  # the decoded tokens timed
-        rows.append(dict(
-            prompt=length, batch=batch, new_tokens=new_tokens, gamma=gamma,
-            fp_tok_s=generated / base_s, int8_tok_s=generated / int8_s,
-            spec_tok_s=generated / spec_s, acceptance=float(spec.acceptance_rate),
-            tokens_per_round=float(np.asarray(spec.lengths).mean()) / max(int(spec.num_iterations), 1),
-            speedup_vs_fp=base_s / spec_s, speedup_vs_int8=int8_s / spec_s, same_tokens=same,
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                prompt=length,
+                batch=batch,
+                new_tokens=new_tokens,
+                gamma=gamma,
+                fp_tok_s=generated / base_s,
+                int8_tok_s=generated / int8_s,
+                spec_tok_s=generated / spec_s,
+                acceptance=float(spec.acceptance_rate),
+                tokens_per_round=float(np.asarray(spec.lengths).mean())
+                / max(int(spec.num_iterations), 1),
+                speedup_vs_fp=base_s / spec_s,
+                speedup_vs_int8=int8_s / spec_s,
+                same_tokens=same,
+            )
+        )
     return rows
 
 
@@ -180,10 +236,22 @@ def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
             )
             for bits in (4, 8):
                 quant = jax.jit(functools.partial(quant_kv_attention, bits=bits, impl=impl))
-                args = (q, codes, codes, k_scale, k_scale, codes, codes, v_scale, v_scale,
-                        positions, cut)  # fmt: skip
-                row[f"int{bits}_ms"] = 1e3 * bench.best_time(functools.partial(quant, *args),
-                                                              repeats)  # fmt: skip
+                args = (
+                    q,
+                    codes,
+                    codes,
+                    k_scale,
+                    k_scale,
+                    codes,
+                    codes,
+                    v_scale,
+                    v_scale,
+                    positions,
+                    cut,
+                )
+                row[f"int{bits}_ms"] = 1e3 * bench.best_time(
+                    functools.partial(quant, *args), repeats
+                )
             rows.append(row)
     return rows
 
@@ -195,8 +263,10 @@ def _dense_attention(q, keys, values, positions, query_positions, *, scale):
 
 
 def kernel_table(rows) -> str:
-    rows = [{**r, **{f"int{bits}_ratio": r["bf16_ms"] / r[f"int{bits}_ms"] for bits in (4, 8)}}
-            for r in rows]  # fmt: skip
+    rows = [
+        {**r, **{f"int{bits}_ratio": r["bf16_ms"] / r[f"int{bits}_ms"] for bits in (4, 8)}}
+        for r in rows
+    ]
     columns = [
         ("context", "context"), ("queries", "queries"), ("store read by", "impl"),
         ("bf16 ms", "bf16_ms", ".3f"), ("4-bit ms", "int4_ms", ".3f"),
@@ -214,17 +284,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--acceptance", type=float, default=0.9, help="for the predictions")
     bench.add_model_source(parser, workdir_help="a trained run to measure", required=False)
     parser.add_argument(
-        "--filler", type=bench.str_list, default=None,
+        "--filler",
+        type=bench.str_list,
+        default=None,
         help="comma-separated text files for the prompts (default: generated)",
-    )  # fmt: skip
+    )
     parser.add_argument("--random", action="store_true", help="measure random weights")
     parser.add_argument("--prompt-lengths", type=bench.int_list, default=[512, 2048])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--measure-gamma", type=int, default=4)
     parser.add_argument(
-        "--group-size", type=int, default=None,
+        "--group-size",
+        type=int,
+        default=None,
         help="KV group of the measured model (default: 128 or its head dim)",
-    )  # fmt: skip
+    )
     parser.add_argument("--weights", choices=("mlp", "all"), default="mlp")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument(
@@ -243,20 +317,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.random or args.workdir is not None or args.checkpoint is not None:
         from lhc.data.passkey import Filler
 
-        model, params, tokenizer = load_model(args.workdir, 0 if args.random else None,
-                                              args.checkpoint, args.dtype)  # fmt: skip
+        model, params, tokenizer = load_model(
+            args.workdir, 0 if args.random else None, args.checkpoint, args.dtype
+        )
         try:
             filler = Filler(args.filler) if args.filler else None
         except ValueError as error:
             raise SystemExit(f"--filler: {error}") from None
         group = args.group_size or decoding.default_group_size(model.config)
         measured = measure(
-            model, params, args.prompt_lengths,
-            new_tokens=args.new_tokens, gamma=args.measure_gamma, group_size=group,
-            batch=args.batch, weights=args.weights, tokenizer=tokenizer, filler=filler,
-        )  # fmt: skip
-        print(f"\ngreedy, batch {args.batch}, {args.new_tokens} new tokens, gamma "
-              f"{args.measure_gamma}, G {group}")  # fmt: skip
+            model,
+            params,
+            args.prompt_lengths,
+            new_tokens=args.new_tokens,
+            gamma=args.measure_gamma,
+            group_size=group,
+            batch=args.batch,
+            weights=args.weights,
+            tokenizer=tokenizer,
+            filler=filler,
+        )
+        print(
+            f"\ngreedy, batch {args.batch}, {args.new_tokens} new tokens, gamma "
+            f"{args.measure_gamma}, G {group}"
+        )
         print(measured_table(measured))
         result["measured"] = measured
     if args.kernel_contexts:

@@ -104,9 +104,13 @@ class _QuantView:
         w, g = self.writer, self.writer.group_size
         part = lambda name: self.layers[f"{prefix}_{name}"][self.layer]  # noqa: E731
         q = Quantized(
-            upper=part("upper"), lower=part("lower"), scale=part("scale"),
-            minimum=part("min"), group_axis=2 if prefix == "k" else 3, group_size=g,
-        )  # fmt: skip
+            upper=part("upper"),
+            lower=part("lower"),
+            scale=part("scale"),
+            minimum=part("min"),
+            group_axis=2 if prefix == "k" else 3,
+            group_size=g,
+        )
         return jnp.swapaxes(dequantize(q, bits=w.bits), 1, 2)  # [B, S, K, H]
 
     def attend(self, query, query_positions, *, impl, window, dtype, alibi_slopes=None):
@@ -116,14 +120,22 @@ class _QuantView:
         slots = jnp.arange(w.store_positions.shape[1], dtype=jnp.int32)
         store_mask = slots[None, None, :] < w.read_cut[:, :, None]
         segments = [
-            (self._store("k").astype(dtype), self._store("v").astype(dtype), w.store_positions,
-             store_mask),
+            (
+                self._store("k").astype(dtype),
+                self._store("v").astype(dtype),
+                w.store_positions,
+                store_mask,
+            ),
             *self._buffer_segments(dtype),
-        ]  # fmt: skip
+        ]
         return attention_segments(
-            query.astype(dtype), segments, query_positions, scale=query.shape[-1] ** -0.5,
-            window=window, alibi_slopes=alibi_slopes,
-        )  # fmt: skip
+            query.astype(dtype),
+            segments,
+            query_positions,
+            scale=query.shape[-1] ** -0.5,
+            window=window,
+            alibi_slopes=alibi_slopes,
+        )
 
     def _buffer_segments(self, dtype):
         w = self.writer
@@ -131,10 +143,9 @@ class _QuantView:
         ring_mask = (ring >= w.read_cut[:, :, None]) & (ring >= 0) & (ring < w.start[:, None, None])
         swap = lambda x: jnp.swapaxes(x[self.layer], 1, 2).astype(dtype)  # noqa: E731
         return [
-            (swap(self.layers["ring_k"]), swap(self.layers["ring_v"]), w.ring_positions,
-             ring_mask),
+            (swap(self.layers["ring_k"]), swap(self.layers["ring_v"]), w.ring_positions, ring_mask),
             (self.new_keys.astype(dtype), self.new_values.astype(dtype), w.new_positions, None),
-        ]  # fmt: skip
+        ]
 
     def _attend_pallas(self, query, query_positions, window, dtype, alibi_slopes):
         """The quantized store through ``kernels_pallas.quant_kv_attention`` (dequantized
@@ -145,9 +156,12 @@ class _QuantView:
         w = self.writer
         part = lambda name: self.layers[name][self.layer]  # noqa: E731
         stored = quant_kv_attention(
-            query, *(part(name) for name in _STORE_ORDER), w.store_positions, w.read_cut,
+            query,
+            *(part(name) for name in _STORE_ORDER),
+            w.store_positions,
+            w.read_cut,
             bits=w.bits,
-        )  # fmt: skip
+        )
         swap = lambda x: jnp.swapaxes(x[self.layer], 1, 2)  # noqa: E731
         new_slots = w.start[:, None] + jnp.arange(query.shape[1], dtype=jnp.int32)[None]
         recent = buffer_attention(
@@ -282,11 +296,15 @@ class QuantSpecCache(InOrderSlots):
             out = jnp.where(due[:, None], slots, self.capacity)  # dropped where not due
             group = jnp.where(due, quantized // g, self.capacity // g)[:, None]
             for name, x, at in (
-                ("k_upper", qk.upper, out), ("k_lower", qk.lower, out),
-                ("v_upper", qv.upper, out), ("v_lower", qv.lower, out),
-                ("k_scale", qk.scale, group), ("k_min", qk.minimum, group),
-                ("v_scale", qv.scale, out), ("v_min", qv.minimum, out),
-            ):  # fmt: skip
+                ("k_upper", qk.upper, out),
+                ("k_lower", qk.lower, out),
+                ("v_upper", qv.upper, out),
+                ("v_lower", qv.lower, out),
+                ("k_scale", qk.scale, group),
+                ("k_min", qk.minimum, group),
+                ("v_scale", qv.scale, out),
+                ("v_min", qv.minimum, out),
+            ):
                 update = jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype)
                 store[name] = store[name].at[:, rows, :, at].set(update, mode="drop")
             quantized = quantized + g * due

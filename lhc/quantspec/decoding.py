@@ -176,6 +176,13 @@ def speculative_generate(
     )
     kwargs.setdefault("prefill_chunk", group_size)
     return lm.speculative_generate(
-        target, params, drafter, draft_params, prompts, prompt_lengths,
-        max_new_tokens=max_new_tokens, num_draft=gamma, **kwargs,
-    )  # fmt: skip
+        target,
+        params,
+        drafter,
+        draft_params,
+        prompts,
+        prompt_lengths,
+        max_new_tokens=max_new_tokens,
+        num_draft=gamma,
+        **kwargs,
+    )

@@ -58,10 +58,15 @@ def decoder_size(
 def size_of_config(config, name: str = "model") -> ModelSize:
     """``ModelSize`` of an ``lhc.lm.LMConfig`` (gated MLP assumed)."""
     return decoder_size(
-        name, layers=config.num_layers, embed_dim=config.embed_dim, heads=config.num_heads,
-        kv_heads=config.num_kv_heads, head_dim=config.head_dim, mlp_dim=config.mlp_dim,
+        name,
+        layers=config.num_layers,
+        embed_dim=config.embed_dim,
+        heads=config.num_heads,
+        kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        mlp_dim=config.mlp_dim,
         vocab_size=config.vocab_size,
-    )  # fmt: skip
+    )
 
 
 # name: layers, width, heads, kv heads, head dim, MLP width, vocabulary.
@@ -98,9 +103,14 @@ def step_bytes(size: ModelSize, context: int, *, group_size: int = 128, weights:
 
 
 def predicted_speedup(
-    size: ModelSize, context: int, *, gamma: int, acceptance: float, group_size: int = 128,
+    size: ModelSize,
+    context: int,
+    *,
+    gamma: int,
+    acceptance: float,
+    group_size: int = 128,
     weights: str = "mlp",
-) -> float:  # fmt: skip
+) -> float:
     """``(gamma a + 1) AR / (gamma draft + verify)``; ``acceptance`` is accepted / gamma."""
     b = step_bytes(size, context, group_size=group_size, weights=weights)
     return (gamma * acceptance + 1) * b["ar"] / (gamma * b["draft"] + b["verify"])

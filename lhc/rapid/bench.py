@@ -82,9 +82,15 @@ def starts_with_answer(tokens: np.ndarray, answer) -> bool:
 
 
 def measure_length(
-    methods, prompts, answers, cache, *, new_tokens: int, repeats: int,
+    methods,
+    prompts,
+    answers,
+    cache,
+    *,
+    new_tokens: int,
+    repeats: int,
     correct=starts_with_answer,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """One row per method: accuracy, tokens/s after the cached context, acceptance and
     tokens per round. ``methods``: ``(name, run(prompts, n, cache), uses_cache)``;
     ``correct(generated tokens, answer) -> bool``."""
@@ -94,12 +100,19 @@ def measure_length(
     # the clock starts.
     fresh = lambda: (jax.tree.map(jnp.copy, cache),)
     for name, run, uses_cache in methods:
-        seconds, out = bench.timed(functools.partial(run, prompts, new_tokens), repeats,
-                                   prepare=fresh if uses_cache else lambda: (None,))  # fmt: skip
+        seconds, out = bench.timed(
+            functools.partial(run, prompts, new_tokens),
+            repeats,
+            prepare=fresh if uses_cache else lambda: (None,),
+        )
         tokens = np.asarray(out.tokens)
         accuracy = float(np.mean([correct(row, a) for row, a in zip(tokens, answers)]))
-        row = dict(method=name, accuracy=accuracy,
-                   tokens_per_s=batch * new_tokens / seconds, seconds=seconds)  # fmt: skip
+        row = dict(
+            method=name,
+            accuracy=accuracy,
+            tokens_per_s=batch * new_tokens / seconds,
+            seconds=seconds,
+        )
         if hasattr(out, "num_iterations"):
             row["acceptance"] = float(out.acceptance_rate)
             row["tokens_per_round"] = float(np.asarray(out.lengths).mean()) / max(
@@ -113,36 +126,58 @@ def measure_length(
 
 
 def methods_for(
-    target, target_params, drafter, draft_params, etas, upward, upward_etas, gamma, *,
-    alpha: float = 0.1, sampling: SamplingParams = GREEDY, rng: jax.Array | None = None,
+    target,
+    target_params,
+    drafter,
+    draft_params,
+    etas,
+    upward,
+    upward_etas,
+    gamma,
+    *,
+    alpha: float = 0.1,
+    sampling: SamplingParams = GREEDY,
+    rng: jax.Array | None = None,
     stop_tokens: tuple[int, ...] = (),
-):  # fmt: skip
+):
     """``(name, run(prompts, new_tokens, cache), uses_cache)``, target-only first; the
     cache is the target's, holding the contexts."""
     common = dict(sampling=sampling, rng=rng, stop_tokens=stop_tokens)
 
     def target_run(prompts, n, cache):
-        return target_generate(target, target_params, prompts, max_new_tokens=n, cache=cache,
-                               **common)  # fmt: skip
+        return target_generate(
+            target, target_params, prompts, max_new_tokens=n, cache=cache, **common
+        )
 
     def rag_run(model, params):
-        return lambda prompts, n, cache: rag_generate(model, params, prompts, max_new_tokens=n,
-                                                      **common)  # fmt: skip
+        return lambda prompts, n, cache: rag_generate(
+            model, params, prompts, max_new_tokens=n, **common
+        )
 
     def rapid_run(model, params, eta):
         return lambda prompts, n, cache: rapid_generate(
-            target, target_params, prompts, max_new_tokens=n, drafter=model,
-            draft_params=params, eta=eta, alpha=alpha, gamma=gamma, target_cache=cache,
+            target,
+            target_params,
+            prompts,
+            max_new_tokens=n,
+            drafter=model,
+            draft_params=params,
+            eta=eta,
+            alpha=alpha,
+            gamma=gamma,
+            target_cache=cache,
             **common,
-        )  # fmt: skip
+        )
 
     methods = [("target", target_run, True), ("rag", rag_run(drafter, draft_params), False)]
     methods += [(f"rapid eta={e:g}", rapid_run(drafter, draft_params, e), True) for e in etas]
     if upward is not None:
         large, large_params = upward
         methods.append(("rag (large)", rag_run(large, large_params), False))
-        methods += [(f"rapid (large) eta={e:g}", rapid_run(large, large_params, e), True)
-                    for e in upward_etas]  # fmt: skip
+        methods += [
+            (f"rapid (large) eta={e:g}", rapid_run(large, large_params, e), True)
+            for e in upward_etas
+        ]
     return methods
 
 
@@ -228,53 +263,87 @@ def run_setup(config, repeats: int) -> dict[str, Any]:
     rows = []
     for context in config.contexts:
         rag_len = retrieval_budget(context, min_budget=retrieval.min_budget, ratio=retrieval.ratio)
-        rows.append((context, rag_len, memory_estimate(
-            target_config, draft_config, context_len=context, rag_len=rag_len,
-            new_tokens=decoding.new_tokens, gamma=decoding.gamma,
-            batch_size=config.batch_size, prefill_chunk=decoding.prefill_chunk,
-            attention_impl=config.attention_impl,
-        )))  # fmt: skip
+        rows.append(
+            (
+                context,
+                rag_len,
+                memory_estimate(
+                    target_config,
+                    draft_config,
+                    context_len=context,
+                    rag_len=rag_len,
+                    new_tokens=decoding.new_tokens,
+                    gamma=decoding.gamma,
+                    batch_size=config.batch_size,
+                    prefill_chunk=decoding.prefill_chunk,
+                    attention_impl=config.attention_impl,
+                ),
+            )
+        )
     drafter_name = config.draft or "the target (self-speculation)"
-    print(f"target {config.target}, drafter {drafter_name}, batch {config.batch_size}, "
-          f"{decoding.new_tokens} new tokens, gamma {decoding.gamma}, "
-          f"{config.attention_impl} attention; GiB")  # fmt: skip
+    print(
+        f"target {config.target}, drafter {drafter_name}, batch {config.batch_size}, "
+        f"{decoding.new_tokens} new tokens, gamma {decoding.gamma}, "
+        f"{config.attention_impl} attention; GiB"
+    )
     print(memory_table(rows))
     result: dict[str, Any] = {"memory": [dict(context=c, rag=r, **m) for c, r, m in rows]}
     if not config.target_checkpoint:
         return result
     if not (config.tokenizer and config.data):
         raise SystemExit("--setup: a target_checkpoint needs config.tokenizer and config.data")
-    target, params = _load_checkpoint(config.target_checkpoint, config.target, config.dtype,
-                                      config.attention_impl)  # fmt: skip
+    target, params = _load_checkpoint(
+        config.target_checkpoint, config.target, config.dtype, config.attention_impl
+    )
     upward = None
     if config.draft_checkpoint:
-        upward = _load_checkpoint(config.draft_checkpoint, config.draft, config.dtype,
-                                  config.attention_impl)  # fmt: skip
+        upward = _load_checkpoint(
+            config.draft_checkpoint, config.draft, config.dtype, config.attention_impl
+        )
     tokenizer = lm.load_tokenizer(config.tokenizer)
     examples = _read_jsonl(config.data)
     prefix = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
     prompts = build_prompts(
         [tokenizer.encode(e["context"]) for e in examples],
         [tokenizer.encode(e["question"]) for e in examples],
-        retrieval, terms=word_terms(tokenizer.decode), prefix=prefix,
+        retrieval,
+        terms=word_terms(tokenizer.decode),
+        prefix=prefix,
         separator=tokenizer.encode("\n\n"),
-    )  # fmt: skip
+    )
     sampling = SamplingParams(temperature=decoding.temperature, top_p=decoding.top_p)
     drafter, draft_params = upward if upward is not None else (target, params)
-    methods = methods_for(target, params, drafter, draft_params, [decoding.eta], None, [],
-                          decoding.gamma, alpha=decoding.alpha, sampling=sampling,
-                          rng=jax.random.key(config.seed))  # fmt: skip
+    methods = methods_for(
+        target,
+        params,
+        drafter,
+        draft_params,
+        [decoding.eta],
+        None,
+        [],
+        decoding.gamma,
+        alpha=decoding.alpha,
+        sampling=sampling,
+        rng=jax.random.key(config.seed),
+    )
 
     def contains(tokens, answers):
         text = tokenizer.decode([int(t) for t in tokens])
         return any(answer in text for answer in answers)
 
     extra = max(len(q) for q in prompts.questions) + decoding.new_tokens + decoding.gamma + 16
-    cache = prefill_contexts(target, params, prompts, extra=extra,
-                             prefill_chunk=decoding.prefill_chunk)  # fmt: skip
-    measured = measure_length(methods, prompts, [e["answers"] for e in examples], cache,
-                              new_tokens=decoding.new_tokens, repeats=repeats,
-                              correct=contains)  # fmt: skip
+    cache = prefill_contexts(
+        target, params, prompts, extra=extra, prefill_chunk=decoding.prefill_chunk
+    )
+    measured = measure_length(
+        methods,
+        prompts,
+        [e["answers"] for e in examples],
+        cache,
+        new_tokens=decoding.new_tokens,
+        repeats=repeats,
+        correct=contains,
+    )
     print(f"\n{len(examples)} examples from {config.data}")
     print(table({max(len(c) for c in prompts.contexts): measured}))
     result["measured"] = measured
@@ -301,9 +370,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--etas", type=bench.float_list, default=[0.0, 10.0], help="RAPID's eta, self-speculation"
     )
     parser.add_argument(
-        "--upward-etas", type=bench.float_list, default=[0.0, 40.0],
+        "--upward-etas",
+        type=bench.float_list,
+        default=[0.0, 40.0],
         help="RAPID's eta, larger drafter",
-    )  # fmt: skip
+    )
     parser.add_argument("--chunk-size", type=int, default=256)
     parser.add_argument("--min-budget", type=int, default=1024)
     parser.add_argument("--ratio", type=float, default=24.0)
@@ -328,10 +399,23 @@ def main(argv: list[str] | None = None) -> dict:
         )
         large = _load(draft_source, max_len, args.seed)
         upward = (large.model, large.params)
-    retrieval = RetrievalConfig(chunk_size=args.chunk_size, min_budget=args.min_budget,
-                                ratio=args.ratio, threshold=args.threshold)  # fmt: skip
-    methods = methods_for(target, params, target, params, args.etas, upward, args.upward_etas,
-                          args.gamma, stop_tokens=loaded.stop_tokens)  # fmt: skip
+    retrieval = RetrievalConfig(
+        chunk_size=args.chunk_size,
+        min_budget=args.min_budget,
+        ratio=args.ratio,
+        threshold=args.threshold,
+    )
+    methods = methods_for(
+        target,
+        params,
+        target,
+        params,
+        args.etas,
+        upward,
+        args.upward_etas,
+        args.gamma,
+        stop_tokens=loaded.stop_tokens,
+    )
     byte_tokens = isinstance(tokenizer, lm.ByteTokenizer)
     prefix, separator, suffix = ([], [], []) if byte_tokens else chat_parts(tokenizer)
 
@@ -342,23 +426,40 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = {}
     for length in lengths:
-        contexts, questions, answers = passkey_questions(length, args.samples, seed=args.seed,
-                                                         tokenizer=tokenizer)  # fmt: skip
+        contexts, questions, answers = passkey_questions(
+            length, args.samples, seed=args.seed, tokenizer=tokenizer
+        )
         questions = [np.asarray([*q, *suffix], np.int32) for q in questions]
-        prompts = build_prompts(contexts, questions, retrieval, terms=word_terms(tokenizer.decode),
-                                prefix=prefix, separator=separator)  # fmt: skip
+        prompts = build_prompts(
+            contexts,
+            questions,
+            retrieval,
+            terms=word_terms(tokenizer.decode),
+            prefix=prefix,
+            separator=separator,
+        )
         extra = max(len(q) for q in questions) + args.new_tokens + args.gamma + 16
         start = time.perf_counter()
         cache = jax.block_until_ready(prefill_contexts(target, params, prompts, extra=extra))
         print(f"context {length}: prefilled in {time.perf_counter() - start:.1f} s", flush=True)
-        results[length] = measure_length(methods, prompts, answers, cache,
-                                         new_tokens=args.new_tokens, repeats=args.repeats,
-                                         correct=correct)  # fmt: skip
+        results[length] = measure_length(
+            methods,
+            prompts,
+            answers,
+            cache,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            correct=correct,
+        )
         del cache
         rag_len = max(len(t) for t in prompts.rag_tokens)
-        print(f"context {length}: RAG prompt {rag_len} tokens "
-              f"(budget {prompts.rag[0].budget})", flush=True)  # fmt: skip
-    print(f"\ngreedy, batch {args.samples}, {args.new_tokens} new tokens, gamma {args.gamma}, "
-          f"chunks of {args.chunk_size}; tok/s from the cached context")  # fmt: skip
+        print(
+            f"context {length}: RAG prompt {rag_len} tokens (budget {prompts.rag[0].budget})",
+            flush=True,
+        )
+    print(
+        f"\ngreedy, batch {args.samples}, {args.new_tokens} new tokens, gamma {args.gamma}, "
+        f"chunks of {args.chunk_size}; tok/s from the cached context"
+    )
     print(table(results))
     return bench.finish(results, args)

@@ -88,9 +88,16 @@ def build_prompts(
     heads, tails, rag = [], [], []
     for context, question in zip(contexts, questions):
         rag.append(
-            rag_prompt(context, question, retrieval, terms=terms, embed=embed, prefix=prefix,
-                       separator=separator)
-        )  # fmt: skip
+            rag_prompt(
+                context,
+                question,
+                retrieval,
+                terms=terms,
+                embed=embed,
+                prefix=prefix,
+                separator=separator,
+            )
+        )
         parts = [np.asarray(x, np.int32).reshape(-1) for x in (prefix, context, separator)]
         heads.append(np.concatenate(parts))
         tails.append(np.asarray(question, np.int32).reshape(-1))
@@ -104,8 +111,9 @@ def prefill_contexts(model, params, prompts: Prompts, *, extra: int, prefill_chu
     tokens, lengths = prepare_prompts(prompts.contexts, None, 0, model.config.vocab_size)
     cache = empty_cache(model, tokens.shape[0], tokens.shape[1] + extra)
     positions = left_padded_positions(jnp.asarray(lengths), tokens.shape[1])
-    _, cache = prefill(model, params, jnp.asarray(tokens), positions, cache,
-                       chunk_size=prefill_chunk)  # fmt: skip
+    _, cache = prefill(
+        model, params, jnp.asarray(tokens), positions, cache, chunk_size=prefill_chunk
+    )
     return cache
 
 

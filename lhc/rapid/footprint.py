@@ -56,9 +56,14 @@ def memory_estimate(
         target_cache=batch_size * target_slots * target_slot,
         draft_cache=batch_size * draft_slots * draft_slot,
         round_buffers=4 * batch_size * vocab * (3 * (gamma + 1) + gamma),
-        prefill_scores=4 * batch_size * target.num_heads * min(prefill_chunk, context_len)
-        * target_slots if attention_impl == "xla" else 0,
-    )  # fmt: skip
+        prefill_scores=4
+        * batch_size
+        * target.num_heads
+        * min(prefill_chunk, context_len)
+        * target_slots
+        if attention_impl == "xla"
+        else 0,
+    )
     parts = {name: float(value) for name, value in parts.items()}
     parts["total"] = sum(parts.values())
     return parts
@@ -66,10 +71,19 @@ def memory_estimate(
 
 def memory_table(rows: list[tuple[int, int, dict[str, float]]]) -> str:
     """A markdown table, GiB: one row per ``(context_len, rag_len, estimate)``."""
-    names = ("target_weights", "draft_weights", "target_cache", "draft_cache",
-             "round_buffers", "prefill_scores", "total")  # fmt: skip
-    lines = ["| context | RAG prompt | " + " | ".join(names) + " |",
-             "|---:|---:|" + "---:|" * len(names)]  # fmt: skip
+    names = (
+        "target_weights",
+        "draft_weights",
+        "target_cache",
+        "draft_cache",
+        "round_buffers",
+        "prefill_scores",
+        "total",
+    )
+    lines = [
+        "| context | RAG prompt | " + " | ".join(names) + " |",
+        "|---:|---:|" + "---:|" * len(names),
+    ]
     for context_len, rag_len, parts in rows:
         cells = " | ".join(f"{parts[n] / 2**30:.2f}" for n in names)
         lines.append(f"| {context_len} | {rag_len} | {cells} |")

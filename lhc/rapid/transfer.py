@@ -93,9 +93,12 @@ class RapidSampling(SpeculativeSampling):
         target_probs = logits_to_probs(target_logits, sampling)
         temperature = sampling.temperature if not sampling.greedy else 1.0
         corrected = transfer_logits(
-            target_logits[:, :-1], draft_probs, eta=self.eta, temperature=temperature,
+            target_logits[:, :-1],
+            draft_probs,
+            eta=self.eta,
+            temperature=temperature,
             alpha=self.alpha,
-        )  # fmt: skip
+        )
         adjusted = logits_to_probs(corrected, sampling)
         return target_probs, jnp.concatenate([adjusted, target_probs[:, -1:]], axis=1)
 

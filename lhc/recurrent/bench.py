@@ -133,11 +133,23 @@ def decode_models(size: str = "small") -> dict[str, Any]:
     layer of width 32 (``tiny``, for tests)."""
     layers, width, head, state = (4, 256, 64, 128) if size == "small" else (1, 32, 8, 8)
     return {
-        "mamba2": Mamba2LM(Mamba2Config(vocab_size=512, num_layers=layers, embed_dim=width,
-                                        head_dim=head, state_dim=state)),
-        "gla": GLALM(GLAConfig(vocab_size=512, num_layers=layers, embed_dim=width, num_heads=4,
-                               key_dim=head, value_dim=2 * head, mlp_dim=2 * width)),
-    }  # fmt: skip
+        "mamba2": Mamba2LM(
+            Mamba2Config(
+                vocab_size=512, num_layers=layers, embed_dim=width, head_dim=head, state_dim=state
+            )
+        ),
+        "gla": GLALM(
+            GLAConfig(
+                vocab_size=512,
+                num_layers=layers,
+                embed_dim=width,
+                num_heads=4,
+                key_dim=head,
+                value_dim=2 * head,
+                mlp_dim=2 * width,
+            )
+        ),
+    }
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -164,29 +176,37 @@ def measure_decode(positions, steps: int = 32, repeats: int = 3, size: str = "sm
             cache = model.init_cache(1)
             r = np.random.default_rng(position)
             caches[position] = cache.replace(
-                states={k: jnp.asarray(r.normal(size=v.shape), v.dtype) for k, v in cache.states.items()},
+                states={
+                    k: jnp.asarray(r.normal(size=v.shape), v.dtype) for k, v in cache.states.items()
+                },
                 lengths=jnp.full((1,), position, jnp.int32),
                 top=jnp.full((1,), position - 1, jnp.int32),
                 top_before=jnp.full((1,), position - 1, jnp.int32),
-            )  # fmt: skip
+            )
             runs[position] = functools.partial(_decode, model, params, one, caches[position], steps)
         best = bench.interleaved_best(runs, repeats)
         for position, cache in caches.items():
-            rows.append({
-                "model": name,
-                "position": position,
-                "ms_per_token": 1e3 * best[position] / steps,
-                "cache_bytes": sum(x.nbytes for x in jax.tree.leaves(cache)),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "model": name,
+                    "position": position,
+                    "ms_per_token": 1e3 * best[position] / steps,
+                    "cache_bytes": sum(x.nbytes for x in jax.tree.leaves(cache)),
+                }
+            )
     return rows
 
 
 def decode_table(rows) -> str:
     return bench.markdown_table(
-        [("model", "model"), ("position", "position"), ("ms / token", "ms_per_token", ".3f"),
-         ("cache (KiB)", "cache_bytes", lambda b: f"{b / 1024:.0f}")],
+        [
+            ("model", "model"),
+            ("position", "position"),
+            ("ms / token", "ms_per_token", ".3f"),
+            ("cache (KiB)", "cache_bytes", lambda b: f"{b / 1024:.0f}"),
+        ],
         rows,
-    )  # fmt: skip
+    )
 
 
 def table(rows) -> str:

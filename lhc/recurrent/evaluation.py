@@ -110,9 +110,13 @@ def loss_by_position(model, params, tokens, *, chunk_size: int = 512) -> np.ndar
     for start in range(0, length - 1, chunk_size):
         stop = min(start + chunk_size, length - 1)
         nll, cache = _chunk_nll(
-            model, params, tokens[:, start:stop], positions[:, start:stop],
-            tokens[:, start + 1 : stop + 1], cache,
-        )  # fmt: skip
+            model,
+            params,
+            tokens[:, start:stop],
+            positions[:, start:stop],
+            tokens[:, start + 1 : stop + 1],
+            cache,
+        )
         out.append(np.asarray(nll, np.float64))
     return np.concatenate(out, axis=1)
 
@@ -134,5 +138,11 @@ def bucket_means(values, edges: Sequence[int]) -> np.ndarray:
 
 def plot_curves(path: str, x, curves: dict, *, xlabel: str, ylabel: str, title: str, logx=False):
     """Writes one line per ``curves[label]`` against ``x`` as a PNG."""
-    plots.curves(path, {label: (x, y) for label, y in curves.items()}, xlabel=xlabel,
-                 ylabel=ylabel, title=title, log_x_base=10 if logx else None)  # fmt: skip
+    plots.curves(
+        path,
+        {label: (x, y) for label, y in curves.items()},
+        xlabel=xlabel,
+        ylabel=ylabel,
+        title=title,
+        log_x_base=10 if logx else None,
+    )

@@ -41,8 +41,14 @@ class GLAConfig(RecurrentLMConfig):
     gate_temperature: float = 16.0
     mlp_dim: int = 128
 
-    POSITIVE = (*RecurrentLMConfig.POSITIVE, "num_heads", "key_dim", "value_dim", "gate_rank",
-                "mlp_dim")  # fmt: skip
+    POSITIVE = (
+        *RecurrentLMConfig.POSITIVE,
+        "num_heads",
+        "key_dim",
+        "value_dim",
+        "gate_rank",
+        "mlp_dim",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -84,8 +90,14 @@ class GLALayer(nn.Module):
         head = t - tail
         outs = []
         if head:
-            o, state = gla(q[:, :head], k[:, :head], v[:, :head], log_gates[:, :head],
-                           chunk_size=c.chunk_size, initial_state=state)  # fmt: skip
+            o, state = gla(
+                q[:, :head],
+                k[:, :head],
+                v[:, :head],
+                log_gates[:, :head],
+                chunk_size=c.chunk_size,
+                initial_state=state,
+            )
             outs.append(o)
         head_end, tail_states = state, None
         if tail:

@@ -46,8 +46,14 @@ class Mamba2Config(RecurrentLMConfig):
     num_groups: int = 1
     conv_width: int = 4
 
-    POSITIVE = (*RecurrentLMConfig.POSITIVE, "expand", "head_dim", "state_dim", "num_groups",
-                "conv_width")  # fmt: skip
+    POSITIVE = (
+        *RecurrentLMConfig.POSITIVE,
+        "expand",
+        "head_dim",
+        "state_dim",
+        "num_groups",
+        "conv_width",
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -110,13 +116,23 @@ class Mamba2Block(nn.Module):
         param = lambda *args: _param(self, *args, c.param_dtype)  # noqa: E731
         in_proj = Einsum(
             (c.embed_dim, 2 * c.inner_dim + 2 * c.num_groups * c.state_dim + h),
-            ("embed", "mlp"), **precision, name="in_proj",
-        )  # fmt: skip
-        conv_weight = param("conv_weight", nn.initializers.lecun_normal(in_axis=0, out_axis=1),
-                            (c.conv_width, c.conv_dim), (None, "mlp"))  # fmt: skip
+            ("embed", "mlp"),
+            **precision,
+            name="in_proj",
+        )
+        conv_weight = param(
+            "conv_weight",
+            nn.initializers.lecun_normal(in_axis=0, out_axis=1),
+            (c.conv_width, c.conv_dim),
+            (None, "mlp"),
+        )
         conv_bias = param("conv_bias", nn.initializers.zeros, (c.conv_dim,), ("mlp",))
-        a_log = param("A_log", lambda k, s, d: jnp.log(jnp.linspace(1.0, 16.0, s[0], dtype=d)),
-                      (h,), ("heads",))  # fmt: skip
+        a_log = param(
+            "A_log",
+            lambda k, s, d: jnp.log(jnp.linspace(1.0, 16.0, s[0], dtype=d)),
+            (h,),
+            ("heads",),
+        )
         skip = param("D", nn.initializers.ones, (h,), ("heads",))
 
         def dt_bias_init(key, shape, dtype):  # softplus^-1 of dt in [1e-3, 1e-1], log-uniform
@@ -153,17 +169,19 @@ class Mamba2Block(nn.Module):
             def step(carry, inputs):
                 conv_s, ssm_s = carry
                 xbc_t, dt_t, real_t = inputs
-                out, conv_s = causal_conv(xbc_t[:, None], conv_weight, conv_bias,
-                                          real=real_t[:, None], state=conv_s)  # fmt: skip
+                out, conv_s = causal_conv(
+                    xbc_t[:, None], conv_weight, conv_bias, real=real_t[:, None], state=conv_s
+                )
                 xs, dts, bs, cs = self._ssd_inputs(jax.nn.silu(out[:, 0]), dt_t, dt_bias, real_t)
                 y, ssm_s = ssd_step(xs, dts, a, bs, cs, ssm_s)
                 return (conv_s, ssm_s), (y + skip[:, None] * xs, conv_s, ssm_s)
 
             swap = lambda v: jnp.swapaxes(v, 0, 1)  # noqa: E731
             (conv_state, ssm_state), (y, conv_hist, ssm_hist) = jax.lax.scan(
-                step, (conv_state, ssm_state),
+                step,
+                (conv_state, ssm_state),
                 (swap(xbc[:, head:]), swap(dt[:, head:]), swap(real[:, head:])),
-            )  # fmt: skip
+            )
             ys.append(swap(y))
             tail_states = (swap(conv_hist), swap(ssm_hist))  # [B, tail, ...], oldest first
         y = jnp.concatenate(ys, axis=1).reshape(x.shape[0], t, c.inner_dim)

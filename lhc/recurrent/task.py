@@ -138,9 +138,10 @@ class RecurrentPasskeyTask(PasskeyTask):
         self._tbtt_batch = None
         if self.initial_state.kind == "tbtt":
             self._tbtt_batch = consecutive_chunks(
-                self._document, chunk_length=int(config.data.length),
+                self._document,
+                chunk_length=int(config.data.length),
                 num_chunks=self.initial_state.chunks,
-            )  # fmt: skip
+            )
 
     # Data: TBTT serves documents chunk by chunk; evaluation stays at the training length.
 

@@ -399,8 +399,9 @@ def resolve_config(
         if differences:
             log.warning(
                 "the config differs from the one recorded in %s (recorded -> given):\n  %s",
-                recorded_path, "\n  ".join(differences),
-            )  # fmt: skip
+                recorded_path,
+                "\n  ".join(differences),
+            )
     return config
 
 
