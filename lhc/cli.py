@@ -174,26 +174,19 @@ def _generate(args) -> int:
         sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
         kwargs = {} if args.dtype is None else {"dtype": args.dtype}
         checkpoint = load_language_model(args.checkpoint, args.workdir, **kwargs)
-        if len(prompts) == 1:
-            replies = generate_text(
-                checkpoint,
-                prompts,
-                chat=args.chat,
-                max_new_tokens=args.max_new_tokens,
-                sampling=sampling,
-                seed=args.seed,
-                on_text=lambda row, text: print(text, end="", flush=True),
-            )
+        streaming = len(prompts) == 1  # one prompt: its reply is printed as it comes
+        replies = generate_text(
+            checkpoint,
+            prompts,
+            chat=args.chat,
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling,
+            seed=args.seed,
+            on_text=(lambda row, text: print(text, end="", flush=True)) if streaming else None,
+        )
+        if streaming:
             print()
         else:
-            replies = generate_text(
-                checkpoint,
-                prompts,
-                chat=args.chat,
-                max_new_tokens=args.max_new_tokens,
-                sampling=sampling,
-                seed=args.seed,
-            )
             for index, reply in enumerate(replies):
                 print(f"[{index}] {reply}")
     except (FileNotFoundError, ValueError, RuntimeError) as error:

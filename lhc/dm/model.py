@@ -50,7 +50,7 @@ import numpy as np
 
 from lhc.nn.attention_ops import dot_product_attention
 from lhc.nn.config import ModelConfig
-from lhc.nn.linear import Einsum, Embed
+from lhc.nn.linear import Einsum, Embed, dense
 from lhc.nn.mlp import GeluMLP
 from lhc.nn.norms import LayerNorm
 
@@ -125,17 +125,6 @@ class DMConfig(ModelConfig):
         return self.router and layer % 2 == 1
 
 
-def _dense(features: int, axes: tuple[str | None, str | None], name: str) -> nn.Dense:
-    """``nn.Dense`` (its initialisation) with the kernel's axes named ``axes`` (in, out)
-    and the bias's by the output axis."""
-    return nn.Dense(
-        features,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
-        name=name,
-    )
-
-
 class Block(nn.Module):
     """A GPT-2 block: ``x + attn(ln(x))`` then ``+ mlp(ln(x))``, attending only to the
     keys with ``key_positions >= 0`` at or before the query."""
@@ -200,10 +189,10 @@ class Router(nn.Module):
     def __call__(self, x, valid, *, selection: str, deterministic: bool):
         cfg = self.config
         batch, tokens, _ = x.shape
-        scores = _dense(1, ("embed", None), "score")(x)[..., 0]  # [B, T]
+        scores = dense(1, ("embed", None), "score")(x)[..., 0]  # [B, T]
         flat = x.reshape(batch, -1)  # [B, T D]
-        hidden = nn.leaky_relu(_dense(cfg.capacity_hidden, (None, "mlp"), "capacity_hidden")(flat))
-        fraction = jax.nn.sigmoid(_dense(1, ("mlp", None), "capacity_out")(hidden))[:, 0]
+        hidden = nn.leaky_relu(dense(cfg.capacity_hidden, (None, "mlp"), "capacity_hidden")(flat))
+        fraction = jax.nn.sigmoid(dense(1, ("mlp", None), "capacity_out")(hidden))[:, 0]
         if cfg.fixed_capacity is not None:
             fraction = jnp.full_like(fraction, cfg.fixed_capacity)
         capacity = jnp.clip(fraction * tokens, 1.0, float(tokens))
@@ -212,8 +201,8 @@ class Router(nn.Module):
         threshold = kth_largest(masked_scores, capacity)
         hard_topk = (masked_scores > jax.lax.stop_gradient(threshold)[:, None]) & valid
         aux_input = jax.lax.stop_gradient(x)
-        aux_hidden = nn.silu(_dense(x.shape[-1] // 2, ("embed", "mlp"), "aux_hidden")(aux_input))
-        aux_logits = _dense(2, ("mlp", None), "aux_out")(aux_hidden).astype(jnp.float32)
+        aux_hidden = nn.silu(dense(x.shape[-1] // 2, ("embed", "mlp"), "aux_hidden")(aux_input))
+        aux_logits = dense(2, ("mlp", None), "aux_out")(aux_hidden).astype(jnp.float32)
         if selection == "topk":
             hard = hard_topk
             soft = jax.nn.sigmoid((masked_scores - threshold[:, None]) / cfg.temperature)
@@ -265,7 +254,7 @@ class DecisionModel(nn.Module):
         time = Embed(
             cfg.max_ep_len, cfg.embed_dim, embedding_init=embed_init, name="embed_timestep"
         ).encode(timesteps)
-        embed = lambda name: _dense(cfg.embed_dim, (None, "embed"), name)  # noqa: E731
+        embed = lambda name: dense(cfg.embed_dim, (None, "embed"), name)  # noqa: E731
         tokens = jnp.stack(
             [
                 embed("embed_return")(returns_to_go) + time,
@@ -289,9 +278,7 @@ class DecisionModel(nn.Module):
                 x = Block(cfg, name=f"block_{layer}")(x, all_positions, deterministic=deterministic)
         x = LayerNorm(use_bias=True, name="ln_final")(x)
         state_tokens = x.reshape(batch, steps, 3, cfg.embed_dim)[:, :, 1]
-        predicted = jnp.tanh(
-            _dense(cfg.action_dim, ("embed", None), "predict_action")(state_tokens)
-        )
+        predicted = jnp.tanh(dense(cfg.action_dim, ("embed", None), "predict_action")(state_tokens))
         return predicted.astype(jnp.float32), {"routers": routers}
 
 

@@ -28,6 +28,8 @@ import numpy as np
 import optax
 from flax import struct
 
+from lhc.nn.linear import dense
+
 # Bounds of the actor's log standard deviation (the SAC v2 code, rlkit / softlearning).
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
@@ -93,8 +95,9 @@ class MLP(nn.Module):
         """Maps ``[B, D_in]`` to ``[B, output_size]``."""
         hidden = inputs
         for layer, width in enumerate(self.hidden_sizes):
-            hidden = nn.relu(nn.Dense(width, name=f"hidden_{layer}")(hidden))
-        return nn.Dense(self.output_size, name="output")(hidden)
+            in_axis = "embed" if layer else None
+            hidden = nn.relu(dense(width, (in_axis, "mlp"), f"hidden_{layer}")(hidden))
+        return dense(self.output_size, ("mlp", None), "output")(hidden)
 
 
 class GaussianActor(nn.Module):
@@ -223,8 +226,12 @@ def create_sac_state(
     actor_key, critic_key = jax.random.split(key)
     observations = jnp.zeros((1, observation_dim), jnp.float32)
     actions = jnp.zeros((1, action_dim), jnp.float32)
-    actor_params = GaussianActor(action_dim, config.hidden_sizes).init(actor_key, observations)
-    critic_params = TwinCritic(config.hidden_sizes).init(critic_key, observations, actions)
+    # Unboxed: the agent trains on one device (the axis names serve a sharded caller).
+    actor = GaussianActor(action_dim, config.hidden_sizes)
+    actor_params = nn.meta.unbox(actor.init(actor_key, observations))
+    critic_params = nn.meta.unbox(
+        TwinCritic(config.hidden_sizes).init(critic_key, observations, actions)
+    )
     log_alpha = jnp.asarray(np.log(config.initial_alpha), jnp.float32)
     actor_optimizer, critic_optimizer, alpha_optimizer = _optimizers(config)
     return SACState(

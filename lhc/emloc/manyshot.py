@@ -32,6 +32,7 @@ from lhc import lm
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.data.topics import TopicTask
 from lhc.emloc.compress import Example
+from lhc.nn.linear import dense
 from lhc.train.causal_lm import CausalLMTask, lm_config_from
 from lhc.train.tasks import register_task
 
@@ -217,8 +218,8 @@ class PatchEncoder(nn.Module):
 
     @nn.compact
     def __call__(self, features: jax.Array) -> jax.Array:
-        hidden = nn.gelu(nn.Dense(self.embed_dim, name="in")(features))
-        return nn.Dense(self.embed_dim, name="out")(hidden)
+        hidden = nn.gelu(dense(self.embed_dim, ("patch", "mlp"), "in")(features))
+        return dense(self.embed_dim, ("mlp", "embed"), "out")(hidden)
 
 
 class PatchLM(nn.Module):

@@ -156,44 +156,29 @@ class GCAConfig(ModelConfig):
     @classmethod
     def tiny(cls, **overrides: Any) -> GCAConfig:
         """A model small enough for unit tests on a CPU (8-position chunks)."""
-        values = dict(
-            vocab_size=64,
-            embed_dim=32,
-            num_heads=4,
-            num_kv_heads=2,
-            head_dim=8,
-            mlp_dim=64,
-            lower_layers=1,
-            encoder_layers=1,
-            upper_layers=(1,),
-            chunk_size=8,
-            top_k=2,
-            window=12,
-            max_len=4096,
-        )
-        return cls(**{**values, **overrides})
+        return cls(**{**_preset("tiny"), "max_len": 4096, **overrides})
 
     @classmethod
     def paper_128m(cls, **overrides: Any) -> GCAConfig:
         """The paper's 128M setting (the official ``config_63``): d=768, 12 heads of 64,
         6 lower layers, a 2-layer encoder, one group of 6 upper layers, 64-position chunks,
         top-8 retrieval, window 512, GPT-2 vocabulary with the landmark as id 50264."""
-        values = dict(
-            vocab_size=50_265,
-            embed_dim=768,
-            num_heads=12,
-            num_kv_heads=12,
-            head_dim=64,
-            mlp_dim=2048,
-            lower_layers=6,
-            encoder_layers=2,
-            upper_layers=(6,),
-            chunk_size=64,
-            top_k=8,
-            window=513,
-            landmark_id=50_264,
-        )
-        return cls(**{**values, **overrides})
+        return cls(**{**_preset("paper_128m"), "landmark_id": 50_264, **overrides})
+
+
+# The presets' shapes, one row each (other fields take their defaults).
+_PRESET_FIELDS = ("vocab_size", "embed_dim", "num_heads", "num_kv_heads", "head_dim", "mlp_dim",
+                  "lower_layers", "encoder_layers", "upper_layers", "chunk_size", "top_k",
+                  "window")  # fmt: skip
+_PRESETS = {
+    #              vocab  embed heads kv head  mlp lower enc upper chunk top_k window
+    "tiny":       (64,     32,   4,   2,  8,   64,  1,   1,  (1,),  8,    2,    12),
+    "paper_128m": (50_265, 768,  12,  12, 64, 2048, 6,   2,  (6,),  64,   8,    513),
+}  # fmt: skip
+
+
+def _preset(name: str) -> dict[str, Any]:
+    return dict(zip(_PRESET_FIELDS, _PRESETS[name], strict=True))
 
 
 def paper_optimizer(num_steps: int) -> dict:

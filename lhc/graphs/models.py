@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lhc.graphs.batch import Graphs, gather, in_degrees, mean_pool, scatter_sum
-from lhc.nn.linear import Einsum
+from lhc.nn.linear import Einsum, dense
 
 Dtype = Any
 
@@ -41,19 +41,6 @@ def _segment_max(scores: jax.Array, index: jax.Array, mask: jax.Array, num_nodes
 
 def _logical(init, axes):
     return nn.with_logical_partitioning(init, axes)
-
-
-def _dense(features: int, axes, name: str, *, use_bias: bool = True, **precision) -> nn.Dense:
-    """``nn.Dense`` (its initialisation) with the kernel's axes named ``axes`` (in, out)
-    and the bias's by the output axis."""
-    return nn.Dense(
-        features,
-        use_bias=use_bias,
-        kernel_init=_logical(nn.initializers.lecun_normal(), axes),
-        bias_init=_logical(nn.initializers.zeros_init(), axes[1:]),
-        **precision,
-        name=name,
-    )
 
 
 def _layer_norm(name: str, **precision) -> nn.LayerNorm:
@@ -83,7 +70,7 @@ class GCNLayer(nn.Module):
     def __call__(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         width = h.shape[-1]
         scale = jax.lax.rsqrt(in_degrees(graphs) + 1.0)[..., None]  # [B, N, 1]
-        projected = _dense(
+        projected = dense(
             width,
             ("embed", "mlp"),
             "linear",
@@ -114,8 +101,8 @@ class _MLP(nn.Module):
     @nn.compact
     def __call__(self, h: jax.Array) -> jax.Array:
         precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        hidden = _dense(h.shape[-1], ("embed", "mlp"), "hidden", **precision)(h)
-        return _dense(h.shape[-1], ("mlp", "embed"), "output", **precision)(nn.relu(hidden))
+        hidden = dense(h.shape[-1], ("embed", "mlp"), "hidden", **precision)(h)
+        return dense(h.shape[-1], ("mlp", "embed"), "output", **precision)(nn.relu(hidden))
 
 
 class GINLayer(nn.Module):
@@ -154,7 +141,7 @@ class GINELayer(GINLayer):
 
     def _messages(self, graphs: Graphs, h: jax.Array) -> jax.Array:
         edges = _require_edges(graphs, "GINELayer")
-        edge_term = _dense(
+        edge_term = dense(
             h.shape[-1],
             ("embed", "mlp"),
             "edge_linear",
@@ -272,21 +259,21 @@ class GatedGCNLayer(nn.Module):
         edges = _require_edges(graphs, "GatedGCNLayer")
         width = h.shape[-1]
         precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        dense = lambda name: _dense(width, ("embed", "mlp"), name, **precision)  # noqa: E731
+        projection = lambda name: dense(width, ("embed", "mlp"), name, **precision)  # noqa: E731
         gate_scores = (
-            gather(dense("gate_sender")(h), graphs.senders)
-            + gather(dense("gate_receiver")(h), graphs.receivers)
-            + dense("gate_edge")(edges)
+            gather(projection("gate_sender")(h), graphs.senders)
+            + gather(projection("gate_receiver")(h), graphs.receivers)
+            + projection("gate_edge")(edges)
         )  # [B, E, D]
         gates = nn.sigmoid(gate_scores)
         gate_total = scatter_sum(gates, graphs.receivers, graphs.edge_mask, graphs.num_nodes)
         gated = scatter_sum(
-            gates * gather(dense("update_message")(h), graphs.senders),
+            gates * gather(projection("update_message")(h), graphs.senders),
             graphs.receivers,
             graphs.edge_mask,
             graphs.num_nodes,
         )
-        h_update = dense("update_self")(h) + gated / (gate_total + 1e-6)
+        h_update = projection("update_self")(h) + gated / (gate_total + 1e-6)
         edge_update = gate_scores
         if self.layer_norm:
             norm = lambda name: _layer_norm(name, **precision)  # noqa: E731
@@ -360,8 +347,8 @@ class GPSLayer(nn.Module):
         h_global = norm("attention_norm")(h + attended)
 
         h = h_local + h_global
-        hidden = _dense(self.mlp_ratio * width, ("embed", "mlp"), "mlp_hidden", **precision)(h)
-        out = _dense(width, ("mlp", "embed"), "mlp_output", **precision)(nn.relu(hidden))
+        hidden = dense(self.mlp_ratio * width, ("embed", "mlp"), "mlp_hidden", **precision)(h)
+        out = dense(width, ("mlp", "embed"), "mlp_output", **precision)(nn.relu(hidden))
         h = norm("mlp_norm")(h + out)
         return _mask_nodes(h, graphs), edges
 
@@ -444,10 +431,10 @@ class GNN(nn.Module):
             raise ValueError(f"GNN: layer {name} needs edge features, got graphs.edges=None")
 
         precision = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        h = _dense(self.hidden_dim, (None, "embed"), "node_encoder", **precision)(graphs.nodes)
+        h = dense(self.hidden_dim, (None, "embed"), "node_encoder", **precision)(graphs.nodes)
         h = _mask_nodes(h, graphs)
         if reads_edges:
-            encoder = _dense(self.hidden_dim, (None, "embed"), "edge_encoder", **precision)
+            encoder = dense(self.hidden_dim, (None, "embed"), "edge_encoder", **precision)
             edges = encoder(graphs.edges)
             graphs = graphs.replace(edges=jnp.where(graphs.edge_mask[..., None], edges, 0))
 
@@ -470,7 +457,7 @@ class GNN(nn.Module):
             return h
         # The head is made at init even when headless, so one set of params serves both.
         pooled = mean_pool(h, graphs.node_mask) if self.graph_level else h
-        out = _dense(self.out_dim, ("embed", None), "head", **precision)(pooled)
+        out = dense(self.out_dim, ("embed", None), "head", **precision)(pooled)
         out = out.astype(jnp.float32)
         if headless:
             return h

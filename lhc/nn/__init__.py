@@ -19,7 +19,7 @@ from lhc.nn.attention_ops import (
     register_attention_impl,
 )
 from lhc.nn.intervention import Edit, Intervention
-from lhc.nn.linear import Einsum, Embed, output_logits
+from lhc.nn.linear import Einsum, Embed, dense, output_logits
 from lhc.nn.mlp import GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import REMAT_POLICIES, remat_policy
@@ -34,6 +34,7 @@ __all__ = [
     "LayerNorm",
     "RMSNorm",
     "SwiGLU",
+    "dense",
     "output_logits",
     # Caches as attention reads them.
     "KVView",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -226,3 +227,16 @@ def output_logits(
         name="lm_head",
     )
     return head("BTD,DV->BTV", x)
+
+
+def dense(features: int, axes: tuple[str | None, str | None], name: str, **kwargs: Any) -> nn.Dense:
+    """``nn.Dense`` (its initialisation: LeCun normal kernel, zero bias) with the kernel's
+    axes named ``axes`` (in, out) and the bias's by the output axis; ``kwargs`` go to
+    ``nn.Dense`` (``use_bias``, ``dtype``, ``param_dtype``)."""
+    return nn.Dense(
+        features,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), axes),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]),
+        name=name,
+        **kwargs,
+    )
