@@ -4,8 +4,6 @@ tokenizer and a chat template, in each bench's smallest setting. What each bench
 measures is tested with its own package; this checks the checkpoint reaches it with
 its tokenizer."""
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -16,14 +14,13 @@ from lhc.lm import bench as lm_bench
 from lhc.quantspec import bench as quantspec_bench
 from lhc.rapid import bench as rapid_bench
 
+from .lm import _gguf_files
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A 2-layer Llama GGUF whose vocabulary has the topic sentences' words and the
     labels " A".." H" as single tokens."""
-    pytest.MonkeyPatch().syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "lm"))
-    import _gguf_files
-
     rng = np.random.default_rng(0)
     task = TopicTask(tuple(TOPICS), labels="letters")
     corpus = [f"Text: {task.sentence(rng, i % 8)}\nTopic:{task.label_texts()[i % 8]}\n\n"

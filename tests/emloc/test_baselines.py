@@ -6,7 +6,7 @@ import pytest
 
 from lhc.emloc import baselines
 
-from ..lm.conftest import forward
+from ..support import forward
 from .test_compress import CONFIG, MODEL, _examples, params  # noqa: F401
 
 

@@ -8,7 +8,7 @@ from lhc import lm
 from lhc.icl import activations
 from lhc.icl.activations import edit_at, read_activations
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 TOKENS = np.random.default_rng(3).integers(0, CONFIG.vocab_size, (2, 9))

@@ -7,7 +7,7 @@ import pytest
 from lhc.icl import iterative
 from lhc.icl.iterative import Examples, ExtractConfig, Format, build_prompt
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 FMT = Format(labels=((90,), (91, 7)), separator=10, block=(11, 11))

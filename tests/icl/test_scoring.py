@@ -7,7 +7,7 @@ from scipy.special import log_softmax
 
 from lhc.icl import scoring, taskvectors
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 RNG = np.random.default_rng(7)

@@ -1,8 +1,9 @@
 """Tiny GGUF files written the way llama.cpp's ``convert_hf_to_gguf.py`` writes them
 (its metadata keys, its tensor names from ``gguf.get_tensor_name_map``, its q/k row
 permutation for ``"llama"`` files, its ``rope_freqs`` divisors for Llama 3 RoPE), with
-small trained vocabularies. Shared by ``test_lm_gguf.py`` and the notebook test; not a
-test module."""
+small trained vocabularies. Shared by ``test_lm_gguf.py``, ``tests/test_notebooks.py``
+and ``tests/test_checkpoint_benches.py`` (``from .lm import _gguf_files``); not a test
+module."""
 
 import json
 import math

@@ -1,9 +1,6 @@
 """GGUF files: ``lhc.lm.gguf`` against transformers' GGUF loader, on small random files
 written the way llama.cpp's ``convert_hf_to_gguf.py`` writes them (``_gguf_files``)."""
 
-import pathlib
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +13,7 @@ from lhc.lm import gguf as lm_gguf
 from lhc.nn.rope import rope_frequencies
 from lhc.parallel.mesh import make_mesh
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the file writer beside
-from _gguf_files import (  # noqa: E402
+from ._gguf_files import (
     DIMS,
     LLAMA_TYPES,
     QWEN2_TYPES,
@@ -26,8 +22,8 @@ from _gguf_files import (  # noqa: E402
     random_texts,
     write_gguf,
 )
-from _gguf_files import byte_level_vocab as _byte_level_vocab  # noqa: E402
-from _gguf_files import sentencepiece_vocab as _sentencepiece_vocab  # noqa: E402
+from ._gguf_files import byte_level_vocab as _byte_level_vocab
+from ._gguf_files import sentencepiece_vocab as _sentencepiece_vocab
 
 # Parity with transformers ------------------------------------------------------------
 

@@ -8,7 +8,6 @@ computed from full forward passes of the target.
 
 import itertools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,16 +16,10 @@ import pytest
 from lhc import lm
 from lhc.lm.speculative import speculative_generate, verify_drafts
 
+from ..support import random_params
+
 TARGET = lm.LMConfig.tiny(vocab_size=64, max_len=64)
 DRAFT = lm.LMConfig.tiny(vocab_size=64, max_len=64, num_layers=1, embed_dim=16, mlp_dim=32)
-
-
-def _params(config, seed, scale=0.5):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * scale, leaf.dtype), abstract
-    )
 
 
 def _perturbed(params, seed, scale):
@@ -84,10 +77,10 @@ PROMPTS = [[3, 9, 27, 17, 51, 25], [5], [60, 1, 2, 7], [11, 13]]
     ("draft_name", "num_draft"), [("random", 3), ("target", 4), ("perturbed", 2), ("perturbed", 5)]
 )
 def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     if draft_name == "random":
-        draft, draft_params = lm.Transformer(DRAFT), _params(DRAFT, 1)
+        draft, draft_params = lm.Transformer(DRAFT), random_params(DRAFT, 1, scale=0.5)
     elif draft_name == "target":
         draft, draft_params = target, target_params
     else:
@@ -111,7 +104,7 @@ def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
 
 
 def test_stop_tokens_end_each_sequence_where_generate_does():
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     draft_params = _perturbed(target_params, 3, 0.1)
     free = lm.generate(target, target_params, PROMPTS, max_new_tokens=10)
@@ -134,7 +127,10 @@ def test_sampling_follows_the_target_joint_distribution():
     target_config = lm.LMConfig.tiny(vocab_size=vocab, max_len=16)
     draft_config = lm.LMConfig.tiny(vocab_size=vocab, max_len=16, num_layers=1)
     target, draft = lm.Transformer(target_config), lm.Transformer(draft_config)
-    target_params, draft_params = _params(target_config, 0, 0.3), _params(draft_config, 1, 0.3)
+    target_params, draft_params = (
+        random_params(target_config, scale=0.3),
+        random_params(draft_config, 1, scale=0.3),
+    )
     prompt = [1, 4, 2]
     sampling = lm.SamplingParams(temperature=temperature)
 
@@ -166,7 +162,7 @@ def test_sampling_follows_the_target_joint_distribution():
 
 def test_bad_arguments():
     target = lm.Transformer(TARGET)
-    params = _params(TARGET, 0)
+    params = random_params(TARGET, scale=0.5)
     other = lm.Transformer(lm.LMConfig.tiny(vocab_size=32, max_len=64))
     with pytest.raises(ValueError, match="draft vocab_size 32 differs"):
         speculative_generate(target, params, other, params, PROMPTS, max_new_tokens=4)
@@ -194,7 +190,7 @@ def test_self_drafter_in_the_target_cache_and_a_drafter_with_its_own_prompt():
     decoding of the target unchanged."""
     from lhc.lm.speculative import ModelDrafter, SelfDrafter
 
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     steps = 12
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
@@ -231,7 +227,10 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
             return target_probs, padded
 
     target, draft = lm.Transformer(TARGET), lm.Transformer(DRAFT)
-    target_params, draft_params = _params(TARGET, 0), _params(DRAFT, 1)
+    target_params, draft_params = (
+        random_params(TARGET, scale=0.5),
+        random_params(DRAFT, 1, scale=0.5),
+    )
     got = speculative_generate(
         target, target_params, draft, draft_params, PROMPTS, max_new_tokens=8, num_draft=3,
         verifier=AcceptAll(),
@@ -246,7 +245,7 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
 def test_continuing_from_a_prefilled_target_cache():
     """A shared context prefilled once, the rest of each prompt appended by the loop: the
     same tokens as speculating on the whole prompts, and as greedy generation."""
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     draft_params = _perturbed(target_params, 2, 0.1)
     context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]

@@ -9,6 +9,8 @@ from flax import struct
 
 from lhc import nn as lnn
 
+from ..support import random_params
+
 
 def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None):
     """Loops over batch, head and query; numpy float64 (ALiBi biases with ``slopes``)."""
@@ -188,9 +190,8 @@ def test_registered_memory_efficient_impls_match_xla_in_the_model(impl):
     from lhc import lm
 
     config = lm.LMConfig.tiny(max_len=32, sliding_window=6)
-    abstract = nn.meta.unbox(lm.abstract_params(config))
+    params = random_params(config, scale=0.3)
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.3, x.dtype), abstract)
     tokens = jnp.asarray(rng.integers(0, 128, (2, 11)), jnp.int32)
     positions = jnp.array([list(range(11)), [-1] * 3 + list(range(8))], jnp.int32)
 

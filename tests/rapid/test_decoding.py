@@ -4,27 +4,19 @@ drafter on its own shorter prompt, upward speculation, bad input."""
 
 import itertools
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from lhc import lm
 from lhc.rapid import RetrievalConfig, build_prompts, rag_generate, rapid_generate, target_generate
 
+from ..support import random_params
+
 VOCAB = 64
 TARGET = lm.LMConfig.tiny(vocab_size=VOCAB, max_len=128)
 LARGER = lm.LMConfig.tiny(vocab_size=VOCAB, max_len=128, num_layers=3, embed_dim=48, mlp_dim=96)
 RETRIEVAL = RetrievalConfig(chunk_size=8, min_budget=24, ratio=4)
-
-
-def _params(config, seed, scale=0.5):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * scale, leaf.dtype), abstract
-    )
 
 
 def _examples(count, length, seed=0, vocab=VOCAB):
@@ -50,9 +42,11 @@ def test_prompts():
 
 @pytest.mark.parametrize("drafter_name", ["self", "larger"])
 def test_greedy_with_eta_zero_is_greedy_decoding_of_the_target(drafter_name):
-    target, target_params = lm.Transformer(TARGET), _params(TARGET, 0)
+    target, target_params = lm.Transformer(TARGET), random_params(TARGET, scale=0.5)
     drafter, draft_params = (
-        (None, None) if drafter_name == "self" else (lm.Transformer(LARGER), _params(LARGER, 1))
+        (None, None)
+        if drafter_name == "self"
+        else (lm.Transformer(LARGER), random_params(LARGER, 1, scale=0.5))
     )
     prompts = build_prompts(*_examples(3, 60), RETRIEVAL)
     want = target_generate(target, target_params, prompts, max_new_tokens=14)
@@ -71,7 +65,7 @@ def test_greedy_with_eta_zero_is_greedy_decoding_of_the_target(drafter_name):
 
 
 def test_a_drafter_that_reads_the_whole_context_agrees_with_the_target():
-    target, params = lm.Transformer(TARGET), _params(TARGET, 0)
+    target, params = lm.Transformer(TARGET), random_params(TARGET, scale=0.5)
     prompts = build_prompts(*_examples(2, 40), RetrievalConfig(chunk_size=8, min_budget=64))
     for full, rag in zip(prompts.full, prompts.rag):
         np.testing.assert_array_equal(full, rag.tokens)
@@ -87,8 +81,8 @@ def test_sampling_with_eta_zero_follows_the_target_and_not_with_eta_positive():
     it moves toward the drafter."""
     vocab, rows = 6, 8192
     config = lm.LMConfig.tiny(vocab_size=vocab, max_len=64)
-    target, params = lm.Transformer(config), _params(config, 0, 0.4)
-    draft_params = _params(config, 5, 0.4)
+    target, params = lm.Transformer(config), random_params(config, scale=0.4)
+    draft_params = random_params(config, 5, scale=0.4)
     contexts, questions = _examples(1, 30, seed=3, vocab=vocab)
     prompts = build_prompts(contexts, questions, RetrievalConfig(chunk_size=6, min_budget=12))
     full = prompts.full[0].tolist()
@@ -119,12 +113,12 @@ def test_sampling_with_eta_zero_follows_the_target_and_not_with_eta_positive():
 
 
 def test_bad_input():
-    target, params = lm.Transformer(TARGET), _params(TARGET, 0)
+    target, params = lm.Transformer(TARGET), random_params(TARGET, scale=0.5)
     prompts = build_prompts(*_examples(1, 40), RETRIEVAL)
     other = lm.LMConfig.tiny(vocab_size=VOCAB + 1, max_len=128)
     with pytest.raises(ValueError, match="vocab_size 65 differs from the target's 64"):
         rapid_generate(target, params, prompts, max_new_tokens=2,
-                       drafter=lm.Transformer(other), draft_params=_params(other, 1))  # fmt: skip
+                       drafter=lm.Transformer(other), draft_params=random_params(other, 1, scale=0.5))  # fmt: skip
     with pytest.raises(ValueError, match="draft_params is required"):
         rapid_generate(target, params, prompts, max_new_tokens=2, drafter=target)
     with pytest.raises(ValueError, match="non-empty"):
@@ -136,7 +130,7 @@ def test_bad_input():
 def test_decoding_after_a_prefilled_context_equals_decoding_the_whole_prompt():
     from lhc.rapid import prefill_contexts
 
-    target, params = lm.Transformer(TARGET), _params(TARGET, 0)
+    target, params = lm.Transformer(TARGET), random_params(TARGET, scale=0.5)
     prompts = build_prompts(*_examples(3, 50), RETRIEVAL, prefix=[1], separator=[2])
     want_target = target_generate(target, params, prompts, max_new_tokens=8)
     want = rapid_generate(target, params, prompts, max_new_tokens=8, eta=3.0, gamma=3)
