@@ -21,8 +21,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     # of the download.
     from .lm import _gguf_files
 
-    gguf_path = _gguf_files.write_gguf(tmp_path / "tiny.gguf", "llama",
-                                       _gguf_files.byte_level_vocab(), context=1024)  # fmt: skip
+    gguf_path = _gguf_files.write_gguf(
+        tmp_path / "tiny.gguf", "llama", _gguf_files.byte_level_vocab(), context=1024
+    )
     monkeypatch.setenv("LHC_NOTEBOOK_CHECKPOINT", str(gguf_path))
     monkeypatch.setenv("LHC_NOTEBOOK_SMOKE", "1")
     notebook = nbformat.read(path, as_version=4)

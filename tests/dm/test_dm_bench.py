@@ -33,8 +33,9 @@ def run(tmp_path_factory):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as monkeypatch:
         measured = fixed_timings(monkeypatch, interleaved=SECONDS.__getitem__)
-        result = bench.main(["--size", "tiny", "--repeats", "1", "--batches", "1,3",
-                             "--json", str(path)])  # fmt: skip
+        result = bench.main(
+            ["--size", "tiny", "--repeats", "1", "--batches", "1,3", "--json", str(path)]
+        )
     return result, path, printed.getvalue(), measured
 
 
@@ -42,9 +43,13 @@ def test_rows(run):
     result, _, _, measured = run
     rows = result["rows"]
     assert [(r["model"], r["selection"], r["batch"]) for r in rows] == [
-        ("dt", None, 1), ("dt", None, 3), ("dm", "aux", 1), ("dm", "aux", 3),
-        ("dm_noaux", "topk", 1), ("dm_noaux", "topk", 3),
-    ]  # fmt: skip
+        ("dt", None, 1),
+        ("dt", None, 3),
+        ("dm", "aux", 1),
+        ("dm", "aux", 3),
+        ("dm_noaux", "topk", 1),
+        ("dm_noaux", "topk", 3),
+    ]
     assert len(measured) == 6 and all(0 < s < math.inf for s in measured)
     # One action per window of the batch: 1 / 0.5 s, 3 / 0.6 s, 1 / 0.8 s, ...
     actions_per_s = [2.0, 5.0, 1.25, 2.5, 0.5, 1.2]

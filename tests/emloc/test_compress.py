@@ -99,9 +99,12 @@ def test_delta_zero_keeps_everything_and_answers_like_the_full_context(params):
     plain = _examples(2, seed=5)
     compression = emloc.compress(MODEL, params, plain, EMLoCConfig(chunk_size=2, delta=0.0))
     on_memory = lm.generate(
-        MODEL, params, [query], max_new_tokens=5,
+        MODEL,
+        params,
+        [query],
+        max_new_tokens=5,
         cache=compression.memory.broadcast(1).with_tail(CONFIG, 16),
-    )  # fmt: skip
+    )
     whole = lm.generate(
         MODEL, params, [np.concatenate([e.tokens for e in plain] + [query])], max_new_tokens=5
     )

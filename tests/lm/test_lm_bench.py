@@ -65,14 +65,11 @@ def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):
 def test_bench_against_transformers_structure_and_agreement(capsys):
     """The comparison on the tiny config: both decode the same checkpoint to the same
     tokens, and each rate counts the tokens it decoded."""
-    result = bench.main(
-        [
-            "--configs", "", "--real-config", "", "--against", "transformers",
-            "--against-config", "tiny", "--batch-sizes", "1,2", "--new-tokens", "6",
-            "--prompt-len", "8", "--repeats", "1", "--bandwidth-mib", "64",
-            "--kernel-layouts", "out_in",
-        ]
-    )  # fmt: skip
+    flags = (
+        "--against transformers --against-config tiny --batch-sizes 1,2 --new-tokens 6 "
+        "--prompt-len 8 --repeats 1 --bandwidth-mib 64 --kernel-layouts out_in"
+    ).split()
+    result = bench.main(["--configs", "", "--real-config", "", *flags])
     comparison = result["against_transformers"]
     out = capsys.readouterr().out
     assert "| batch | lhc kernels, layers | lhc | transformers | ratio |" in out

@@ -157,9 +157,8 @@ def test_one_compile_serves_new_sampling_values_stop_tokens_and_nearby_widths():
 
 
 def test_bucket_lengths():
-    assert [lm.bucket_length(n) for n in (1, 16, 17, 63, 65, 512, 513, 1000, 4097)] == [
-        16, 16, 32, 64, 128, 512, 576, 1024, 4608,
-    ]  # fmt: skip
+    lengths = (1, 16, 17, 63, 65, 512, 513, 1000, 4097)
+    assert [lm.bucket_length(n) for n in lengths] == [16, 16, 32, 64, 128, 512, 576, 1024, 4608]
     for n in range(1, 5000, 37):
         b = lm.bucket_length(n)
         assert n <= b <= max(16, int(n * 1.25) + 64)
@@ -213,11 +212,25 @@ def test_decode_loop_updates_the_cache_in_place(scan_layers, batch):
     model = lm.Transformer(config)
     width, cache_len = 16, 64
     lowered = decoding._generate_jit.lower(
-        model, params, jnp.zeros((batch, width), jnp.int32), jnp.full((batch,), width, jnp.int32),
-        jnp.zeros((batch,), jnp.int32), None, jax.random.key(0), lm.SamplingParams().as_arrays(),
-        jnp.full((4,), -1, jnp.int32), jnp.int32(0), jnp.int32(8), None, None,
-        buffer_len=16, cache_len=cache_len, prefill_chunk=512, step_hook=None, rules=None,
-    )  # fmt: skip
+        model,
+        params,
+        jnp.zeros((batch, width), jnp.int32),
+        jnp.full((batch,), width, jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        None,
+        jax.random.key(0),
+        lm.SamplingParams().as_arrays(),
+        jnp.full((4,), -1, jnp.int32),
+        jnp.int32(0),
+        jnp.int32(8),
+        None,
+        None,
+        buffer_len=16,
+        cache_len=cache_len,
+        prefill_chunk=512,
+        step_hook=None,
+        rules=None,
+    )
     computations = _computations(lowered.compile().as_text())
     loops = _inside_loops(computations)
     assert loops, "no while loop in the compiled program"

@@ -78,9 +78,13 @@ def test_logits_match_transformers(tmp_path, byte_level_vocab, arch):
 @pytest.mark.parity
 @pytest.mark.parametrize(
     "vocab_name,pre",
-    [("byte_level", "gpt-2"), ("byte_level", "llama-bpe"), ("byte_level", "qwen2"),
-     ("sentencepiece", None)],
-)  # fmt: skip
+    [
+        ("byte_level", "gpt-2"),
+        ("byte_level", "llama-bpe"),
+        ("byte_level", "qwen2"),
+        ("sentencepiece", None),
+    ],
+)
 def test_tokenizer_matches_transformers(tmp_path, request, vocab_name, pre):
     transformers = pytest.importorskip("transformers")
     vocab = request.getfixturevalue(f"{vocab_name}_vocab")
@@ -218,23 +222,30 @@ def test_errors_name_the_file_and_what_was_expected(
 
     int8 = np.zeros((DIMS["embed"], DIMS["embed"]), np.int8)
     odd = write_gguf(
-        tmp_path / "int8.gguf", "llama", sentencepiece_vocab,
+        tmp_path / "int8.gguf",
+        "llama",
+        sentencepiece_vocab,
         drop=("blk.0.attn_output.weight",),
         extra_tensors=[("blk.0.attn_output.weight", int8, Q.I8)],
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match="'blk.0.attn_output.weight' has ggml type I8"):
         lm_gguf.load(odd)
 
     partial = write_gguf(
-        tmp_path / "partial.gguf", "qwen2", sentencepiece_vocab,
+        tmp_path / "partial.gguf",
+        "qwen2",
+        sentencepiece_vocab,
         drop=("blk.1.ffn_down.weight", "blk.0.attn_k.bias"),
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=r"missing tensors \['blk.0.attn_k.bias', 'blk.1.ffn"):
         lm_gguf.load(partial)
 
     wrong = write_gguf(
-        tmp_path / "wrong.gguf", "llama", sentencepiece_vocab, drop=("output_norm.weight",),
+        tmp_path / "wrong.gguf",
+        "llama",
+        sentencepiece_vocab,
+        drop=("output_norm.weight",),
         extra_tensors=[("output_norm.weight", np.ones(8, np.float32), Q.F32)],
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=r"wrong.gguf: .*'model.norm.weight' has shape \(8,\)"):
         lm_gguf.load(wrong)

@@ -65,8 +65,9 @@ def test_probed_attention_probabilities_match_a_numpy_reference():
 
     # Layer 0 in float64: RMS norm, projections, RoPE, causal softmax over the 9 tokens.
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
-    h = rms_norm(p["embed"]["embedding"][sequence], p["layers_0"]["attention_norm"]["scale"],
-                 config.norm_eps)  # fmt: skip
+    h = rms_norm(
+        p["embed"]["embedding"][sequence], p["layers_0"]["attention_norm"]["scale"], config.norm_eps
+    )
     freqs = inv_frequencies(config.head_dim, config.rope_theta)
     attention = p["layers_0"]["attention"]
     group = config.num_heads // config.num_kv_heads

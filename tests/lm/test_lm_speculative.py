@@ -88,9 +88,14 @@ def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
     steps = 12
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
     got = speculative_generate(
-        target, target_params, draft, draft_params, PROMPTS, max_new_tokens=steps,
+        target,
+        target_params,
+        draft,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=steps,
         num_draft=num_draft,
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.lengths), steps)
     rate = float(got.acceptance_rate)
@@ -112,9 +117,15 @@ def test_stop_tokens_end_each_sequence_where_generate_does():
     stop = int(np.asarray(free.tokens)[0, 4])
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=10, stop_tokens=[stop])
     got = speculative_generate(
-        target, target_params, target, draft_params, PROMPTS, max_new_tokens=10, num_draft=3,
+        target,
+        target_params,
+        target,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=10,
+        num_draft=3,
         stop_tokens=[stop],
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert int(np.asarray(got.lengths)[0]) <= 5
@@ -145,9 +156,16 @@ def test_sampling_follows_the_target_joint_distribution():
 
     want, draft_joint = joint(target_config, target_params), joint(draft_config, draft_params)
     out = speculative_generate(
-        target, target_params, draft, draft_params, [prompt] * rows, max_new_tokens=2,
-        num_draft=2, sampling=sampling, rng=jax.random.key(7),
-    )  # fmt: skip
+        target,
+        target_params,
+        draft,
+        draft_params,
+        [prompt] * rows,
+        max_new_tokens=2,
+        num_draft=2,
+        sampling=sampling,
+        rng=jax.random.key(7),
+    )
     tokens = np.asarray(out.tokens)
     counts = np.zeros((vocab, vocab))
     for a, b in itertools.product(range(vocab), repeat=2):
@@ -172,9 +190,14 @@ def test_bad_arguments():
         speculative_generate(target, params, target, params, PROMPTS, max_new_tokens=60)
     with pytest.raises(ValueError, match="rng is required"):
         speculative_generate(
-            target, params, target, params, PROMPTS, max_new_tokens=4,
+            target,
+            params,
+            target,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
             sampling=lm.SamplingParams(temperature=1.0),
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="target_probs"):
         verify_drafts(
             jax.random.key(0),
@@ -196,23 +219,39 @@ def test_self_drafter_in_the_target_cache_and_a_drafter_with_its_own_prompt():
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
     quantized_like = _perturbed(target_params, 6, 0.1)
     got = speculative_generate(
-        target, target_params, SelfDrafter(target), quantized_like, PROMPTS, max_new_tokens=steps,
+        target,
+        target_params,
+        SelfDrafter(target),
+        quantized_like,
+        PROMPTS,
+        max_new_tokens=steps,
         num_draft=3,
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert 0.0 < float(got.acceptance_rate) < 1.0
     # A drafter that sees only the last two prompt tokens.
     short = [p[-2:] for p in PROMPTS]
     got = speculative_generate(
-        target, target_params, ModelDrafter(target), target_params, PROMPTS, max_new_tokens=steps,
-        num_draft=3, draft_prompts=short,
-    )  # fmt: skip
+        target,
+        target_params,
+        ModelDrafter(target),
+        target_params,
+        PROMPTS,
+        max_new_tokens=steps,
+        num_draft=3,
+        draft_prompts=short,
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     with pytest.raises(ValueError, match="ending with the target prompt's last token"):
         speculative_generate(
-            target, target_params, target, target_params, PROMPTS, max_new_tokens=4,
+            target,
+            target_params,
+            target,
+            target_params,
+            PROMPTS,
+            max_new_tokens=4,
             draft_prompts=[[1], [2], [3], [4]],
-        )  # fmt: skip
+        )
 
 
 def test_a_verifier_variant_changes_only_what_it_overrides():
@@ -232,9 +271,15 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
         random_params(DRAFT, 1, scale=0.5),
     )
     got = speculative_generate(
-        target, target_params, draft, draft_params, PROMPTS, max_new_tokens=8, num_draft=3,
+        target,
+        target_params,
+        draft,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=8,
+        num_draft=3,
         verifier=AcceptAll(),
-    )  # fmt: skip
+    )
     assert float(got.acceptance_rate) == 1.0
     drafts_only = lm.generate(draft, draft_params, PROMPTS, max_new_tokens=8)
     # Rounds of 3 drafts and a bonus token from the target: columns 0-2, 4-6 are drafts.
@@ -256,11 +301,26 @@ def test_continuing_from_a_prefilled_target_cache():
     positions = np.broadcast_to(np.arange(7), (2, 7))
     _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
     got = speculative_generate(
-        target, target_params, target, draft_params, questions, max_new_tokens=9, num_draft=3,
-        target_cache=cache, draft_prompts=whole,
-    )  # fmt: skip
+        target,
+        target_params,
+        target,
+        draft_params,
+        questions,
+        max_new_tokens=9,
+        num_draft=3,
+        target_cache=cache,
+        draft_prompts=whole,
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert 0.0 < float(got.acceptance_rate) < 1.0
     with pytest.raises(ValueError, match="free slots"):
-        speculative_generate(target, target_params, target, draft_params, questions,
-                             max_new_tokens=40, num_draft=3, target_cache=cache)  # fmt: skip
+        speculative_generate(
+            target,
+            target_params,
+            target,
+            draft_params,
+            questions,
+            max_new_tokens=40,
+            num_draft=3,
+            target_cache=cache,
+        )

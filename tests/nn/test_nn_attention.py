@@ -154,9 +154,13 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
 
         def read(self, layers, layer, keys, values):
             return lnn.KVView(
-                layers[0][layer], layers[1][layer], self.old_positions, keys, values,
+                layers[0][layer],
+                layers[1][layer],
+                self.old_positions,
+                keys,
+                values,
                 self.new_positions,
-            )  # fmt: skip
+            )
 
         def write(self, layers, layer, keys, values, *, after):
             return tuple(

@@ -45,10 +45,17 @@ def _params(scale=SCALE):
 
 def _run(fn, stop_tokens=(), max_new_tokens=48, **kwargs):
     return fn(
-        lm.Transformer(CONFIG), _params(), PROMPTS, TOKENIZER, max_new_tokens=max_new_tokens,
-        context_limit=LIMIT, sampling=SamplingParams(temperature=1.0), rng=jax.random.key(7),
-        stop_tokens=list(stop_tokens), **kwargs,
-    )  # fmt: skip
+        lm.Transformer(CONFIG),
+        _params(),
+        PROMPTS,
+        TOKENIZER,
+        max_new_tokens=max_new_tokens,
+        context_limit=LIMIT,
+        sampling=SamplingParams(temperature=1.0),
+        rng=jax.random.key(7),
+        stop_tokens=list(stop_tokens),
+        **kwargs,
+    )
 
 
 @functools.cache

@@ -15,8 +15,8 @@ from ..support import fixed_timings
 def test_bench_rows(capsys, tmp_path, monkeypatch):
     path = tmp_path / "pencil.json"
     measured = fixed_timings(monkeypatch, timed=[0.5, 3.0])  # rewind, then recompute
-    result = bench.main(["--size", "tiny", "--contexts", "40", "--new-tokens", "6", "--batch", "2",
-                         "--json", str(path)])  # fmt: skip
+    flags = "--size tiny --contexts 40 --new-tokens 6 --batch 2"
+    result = bench.main([*flags.split(), "--json", str(path)])
     (row,) = result["rows"]
     assert row["same_tokens"] and row["context"] == 40 and row["batch"] == 2
     assert row["new_tokens"] == 6 and row["reductions"] >= 0

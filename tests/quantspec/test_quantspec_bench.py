@@ -15,8 +15,8 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_traffic_rows_through_the_command_line(tmp_path, capsys):
-    result = bench.main(["--configs", "llama-2-7b", "--contexts", "131072", "--gamma", "6",
-                         "--acceptance", "0.943", "--json", str(tmp_path / "out.json")])  # fmt: skip
+    flags = "--configs llama-2-7b --contexts 131072 --gamma 6 --acceptance 0.943"
+    result = bench.main([*flags.split(), "--json", str(tmp_path / "out.json")])
     (row,) = result["traffic"]
     # Llama-2-7B: 32 layers, 32 heads (and K/V heads) of 128, 4096 wide, 11008 MLP, 32000
     # vocabulary; linear weights P (the head included), K and V elements E per token.
@@ -48,11 +48,20 @@ def test_model_sources():
 
 
 def test_measured_rows_on_a_tiny_model():
-    config = lm.LMConfig(vocab_size=259, num_layers=1, embed_dim=32, num_heads=2,
-                         num_kv_heads=2, head_dim=16, mlp_dim=64, max_len=256)  # fmt: skip
+    config = lm.LMConfig(
+        vocab_size=259,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=256,
+    )
     model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
-    (row,) = bench.measure(model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2,
-                           weights="mlp")  # fmt: skip
+    (row,) = bench.measure(
+        model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2, weights="mlp"
+    )
     assert row["same_tokens"] and 0 <= row["acceptance"] <= 1
     assert 1 <= row["tokens_per_round"] <= 3
     assert "| 40 |" in bench.measured_table([row])

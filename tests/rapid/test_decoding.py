@@ -50,16 +50,32 @@ def test_greedy_with_eta_zero_is_greedy_decoding_of_the_target(drafter_name):
     )
     prompts = build_prompts(*_examples(3, 60), RETRIEVAL)
     want = target_generate(target, target_params, prompts, max_new_tokens=14)
-    got = rapid_generate(target, target_params, prompts, max_new_tokens=14, drafter=drafter,
-                         draft_params=draft_params, eta=0.0, gamma=4)  # fmt: skip
+    got = rapid_generate(
+        target,
+        target_params,
+        prompts,
+        max_new_tokens=14,
+        drafter=drafter,
+        draft_params=draft_params,
+        eta=0.0,
+        gamma=4,
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     rate = float(got.acceptance_rate)
     assert rate < 1.0 and (rate > 0.0 or drafter_name == "larger")  # a random larger drafter
     if drafter_name == "larger":
         return
     # Infinite transfer keeps every draft.
-    keen = rapid_generate(target, target_params, prompts, max_new_tokens=14, drafter=drafter,
-                          draft_params=draft_params, eta=1e6, gamma=4)  # fmt: skip
+    keen = rapid_generate(
+        target,
+        target_params,
+        prompts,
+        max_new_tokens=14,
+        drafter=drafter,
+        draft_params=draft_params,
+        eta=1e6,
+        gamma=4,
+    )
     assert float(keen.acceptance_rate) == 1.0
     assert not np.array_equal(np.asarray(keen.tokens), np.asarray(want.tokens))
 
@@ -87,18 +103,30 @@ def test_sampling_with_eta_zero_follows_the_target_and_not_with_eta_positive():
     prompts = build_prompts(contexts, questions, RetrievalConfig(chunk_size=6, min_budget=12))
     full = prompts.full[0].tolist()
     sequences = np.array([full + [a, 0] for a in range(vocab)], np.int32)
-    logits, _ = target.apply({"params": params}, sequences,
-                             np.broadcast_to(np.arange(sequences.shape[1]), sequences.shape))  # fmt: skip
+    logits, _ = target.apply(
+        {"params": params},
+        sequences,
+        np.broadcast_to(np.arange(sequences.shape[1]), sequences.shape),
+    )
     probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
     want = probs[0, len(full) - 1][:, None] * probs[:, len(full)]
-    batch = build_prompts(contexts * rows, questions * rows,
-                          RetrievalConfig(chunk_size=6, min_budget=12))  # fmt: skip
+    batch = build_prompts(
+        contexts * rows, questions * rows, RetrievalConfig(chunk_size=6, min_budget=12)
+    )
 
     def variation(eta):
-        out = rapid_generate(target, params, batch, max_new_tokens=2, drafter=target,
-                             draft_params=draft_params, eta=eta, gamma=2,
-                             sampling=lm.SamplingParams(temperature=1.0),
-                             rng=jax.random.key(1))  # fmt: skip
+        out = rapid_generate(
+            target,
+            params,
+            batch,
+            max_new_tokens=2,
+            drafter=target,
+            draft_params=draft_params,
+            eta=eta,
+            gamma=2,
+            sampling=lm.SamplingParams(temperature=1.0),
+            rng=jax.random.key(1),
+        )
         tokens = np.asarray(out.tokens)
         counts = np.zeros((vocab, vocab))
         for a, b in itertools.product(range(vocab), repeat=2):
@@ -117,8 +145,14 @@ def test_bad_input():
     prompts = build_prompts(*_examples(1, 40), RETRIEVAL)
     other = lm.LMConfig.tiny(vocab_size=VOCAB + 1, max_len=128)
     with pytest.raises(ValueError, match="vocab_size 65 differs from the target's 64"):
-        rapid_generate(target, params, prompts, max_new_tokens=2,
-                       drafter=lm.Transformer(other), draft_params=random_params(other, 1, scale=0.5))  # fmt: skip
+        rapid_generate(
+            target,
+            params,
+            prompts,
+            max_new_tokens=2,
+            drafter=lm.Transformer(other),
+            draft_params=random_params(other, 1, scale=0.5),
+        )
     with pytest.raises(ValueError, match="draft_params is required"):
         rapid_generate(target, params, prompts, max_new_tokens=2, drafter=target)
     with pytest.raises(ValueError, match="non-empty"):
@@ -135,8 +169,9 @@ def test_decoding_after_a_prefilled_context_equals_decoding_the_whole_prompt():
     want_target = target_generate(target, params, prompts, max_new_tokens=8)
     want = rapid_generate(target, params, prompts, max_new_tokens=8, eta=3.0, gamma=3)
     cache = prefill_contexts(target, params, prompts, extra=30)
-    got = rapid_generate(target, params, prompts, max_new_tokens=8, eta=3.0, gamma=3,
-                         target_cache=cache)  # fmt: skip
+    got = rapid_generate(
+        target, params, prompts, max_new_tokens=8, eta=3.0, gamma=3, target_cache=cache
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.accepted), np.asarray(want.accepted))
     got_target = target_generate(target, params, prompts, max_new_tokens=8, cache=cache)

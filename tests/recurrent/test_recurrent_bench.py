@@ -16,16 +16,19 @@ def test_bench_rows(capsys, tmp_path, monkeypatch):
     path = tmp_path / "recurrent.json"
     # Seconds of the chunked and the scan pass of each row, in the order they are timed.
     measured = fixed_timings(monkeypatch, timed=[0.5, 3.0, 0.25, 2.0])
-    result = bench.main(["--lengths", "40", "--chunk-size", "16", "--repeats", "1",
-                         "--positions", "10,100000", "--steps", "2", "--size", "tiny",
-                         "--json", str(path)])  # fmt: skip
+    flags = "--lengths 40 --chunk-size 16 --repeats 1 --positions 10,100000 --steps 2 --size tiny"
+    result = bench.main([*flags.split(), "--json", str(path)])
     rows, decode = result["rows"], result["decode"]
     assert [(r["recurrence"], r["length"], r["batch"]) for r in rows] == [
-        ("ssd", 40, 2), ("gla", 40, 2)
-    ]  # fmt: skip
+        ("ssd", 40, 2),
+        ("gla", 40, 2),
+    ]
     assert [(r["model"], r["position"]) for r in decode] == [
-        ("mamba2", 10), ("mamba2", 100000), ("gla", 10), ("gla", 100000)
-    ]  # fmt: skip
+        ("mamba2", 10),
+        ("mamba2", 100000),
+        ("gla", 10),
+        ("gla", 100000),
+    ]
     assert all(r["ms_per_token"] > 0 and r["cache_bytes"] > 0 for r in decode)
     assert len(measured) == 4 and all(0 < s < math.inf for s in measured)
     # 2 sequences of 40 tokens in each timed pass: 80 / 0.5 = 160 tokens/s chunked, 80 / 3
