@@ -23,15 +23,20 @@ def test_the_smoke_run(tmp_path):
     """One test (the run takes about a minute and a half; under pytest-xdist a module
     fixture would run it once per worker): every section and row, then each check."""
     smoke = _smoke(tmp_path)
-    for check in (_every_section_ran_every_row, _kernels_match_their_references,
-                  _decoding_and_quantspec, _tabicl_matches_the_reference):  # fmt: skip
+    for check in (
+        _every_section_ran_every_row,
+        _kernels_match_their_references,
+        _decoding_and_quantspec,
+        _tabicl_matches_the_reference,
+    ):
         check(smoke)
 
 
 def _smoke(out):
     env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu", LHC_WHEELS=str(out / "none"))
-    proc = subprocess.run([str(RUN), str(out), "--smoke"], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [str(RUN), str(out), "--smoke"], env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     return out, results["rows"]
@@ -48,8 +53,14 @@ def _every_section_ran_every_row(smoke):
     assert not broken, json.dumps(broken, indent=1)[:4000]
     assert not _table(rows, "section_failed")
     report = (out / "report.md").read_text()
-    for title in ("Flash attention", "Chunk retrieval", "QuantSpec store attention",
-                  "Greedy decoding", "QuantSpec self-speculation", "TabICL: reference / lhc"):  # fmt: skip
+    for title in (
+        "Flash attention",
+        "Chunk retrieval",
+        "QuantSpec store attention",
+        "Greedy decoding",
+        "QuantSpec self-speculation",
+        "TabICL: reference / lhc",
+    ):
         assert f"## {title}" in report
     assert (out / "log.txt").read_text().count("accelerator: section") == len(SECTIONS)
 
@@ -60,8 +71,15 @@ def _kernels_match_their_references(smoke):
         (row["table"], row.get("impl") or row.get("store")) for row in rows if "rel_err" in row
     }
     # Pallas and XLA for each kernel, the vendor attention and both store widths.
-    assert {("flash", "pallas"), ("flash", "xla"), ("flash", "jax.nn (xla)"), ("chunk", "pallas"),
-            ("quant", "4-bit (pallas)"), ("quant", "8-bit (pallas)"), ("buffer", None)} <= impls  # fmt: skip
+    assert {
+        ("flash", "pallas"),
+        ("flash", "xla"),
+        ("flash", "jax.nn (xla)"),
+        ("chunk", "pallas"),
+        ("quant", "4-bit (pallas)"),
+        ("quant", "8-bit (pallas)"),
+        ("buffer", None),
+    } <= impls
     for row in rows:
         if "rel_err" not in row:
             continue
@@ -102,7 +120,8 @@ def test_run_sh_rejects_a_missing_out_and_a_cpu_without_smoke(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu", LHC_WHEELS=str(tmp_path))
     proc = subprocess.run([str(RUN)], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "usage:" in proc.stderr
-    proc = subprocess.run([str(RUN), str(tmp_path / "out")], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [str(RUN), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode != 0
     assert "JAX sees no accelerator (platform 'cpu'); pass --smoke" in proc.stdout + proc.stderr

@@ -4,8 +4,6 @@ tokenizer and a chat template, in each bench's smallest setting. What each bench
 measures is tested with its own package; this checks the checkpoint reaches it with
 its tokenizer."""
 
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -16,26 +14,27 @@ from lhc.lm import bench as lm_bench
 from lhc.quantspec import bench as quantspec_bench
 from lhc.rapid import bench as rapid_bench
 
+from .lm import _gguf_files
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A 2-layer Llama GGUF whose vocabulary has the topic sentences' words and the
     labels " A".." H" as single tokens."""
-    pytest.MonkeyPatch().syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "lm"))
-    import _gguf_files
-
     rng = np.random.default_rng(0)
     task = TopicTask(tuple(TOPICS), labels="letters")
-    corpus = [f"Text: {task.sentence(rng, i % 8)}\nTopic:{task.label_texts()[i % 8]}\n\n"
-              for i in range(400)] + list(_gguf_files.CORPUS)  # fmt: skip
+    corpus = [
+        f"Text: {task.sentence(rng, i % 8)}\nTopic:{task.label_texts()[i % 8]}\n\n"
+        for i in range(400)
+    ] + list(_gguf_files.CORPUS)
     vocab = _gguf_files.byte_level_vocab(corpus, vocab_size=700)
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     return str(_gguf_files.write_gguf(path, "llama", vocab, context=4096))
 
 
 def test_lm_decode(checkpoint):
-    result = lm_bench.main(["--checkpoint", checkpoint, "--real-config", "", "--prompt-len", "8",
-                            "--decode-steps", "3", "--repeats", "1"])  # fmt: skip
+    flags = "--prompt-len 8 --decode-steps 3 --repeats 1".split()
+    result = lm_bench.main(["--checkpoint", checkpoint, "--real-config", "", *flags])
     (row,) = result["measured"]
     assert row["config"] == checkpoint and row["cached_matches_recompute"] == 1.0
 
@@ -51,30 +50,32 @@ def test_quantspec(checkpoint):
 
 
 def test_icl_vectors(checkpoint):
-    result = icl_bench.main(
-        ["vectors", "--checkpoint", checkpoint, "--tasks", "1", "--classes", "2",
-         "--shots", "1", "--episodes", "2", "--val-episodes", "2", "--test-episodes", "4",
-         "--ext-shots", "1", "--strengths", "0.1", "--ext-strengths", "0.1"]
-    )  # fmt: skip
+    flags = (
+        "--tasks 1 --classes 2 --shots 1 --episodes 2 --val-episodes 2 --test-episodes 4 "
+        "--ext-shots 1 --strengths 0.1 --ext-strengths 0.1"
+    ).split()
+    result = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
     (row,) = result["rows"]
     assert [label.split("=")[0] for label in row["labels"]] == ["A", "B"]
     assert 0 <= row["clean_f1"] <= 1 and 0 <= row["iv_f1"] <= 1
 
 
 def test_emloc(checkpoint):
-    result = emloc_bench.main(["--checkpoint", checkpoint, "--topics", "sports,food",
-                               "--labels", "letters", "--shots", "2", "--episodes", "1",
-                               "--queries", "1", "--chunk-size", "2", "--deltas", "0.05",
-                               "--ratios", "0.5"])  # fmt: skip
+    flags = (
+        "--topics sports,food --labels letters --shots 2 --episodes 1 --queries 1 --chunk-size 2 "
+        "--deltas 0.05 --ratios 0.5"
+    ).split()
+    result = emloc_bench.main(["--checkpoint", checkpoint, *flags])
     methods = {row["method"] for row in result["table"]}
     assert methods == {"full context", "EMLoC", "uniform", "SnapKV-style", "fewer shots"}
 
 
 def test_rapid(checkpoint):
-    results = rapid_bench.main(["--checkpoint", checkpoint, "--context-lengths", "256",
-                                "--samples", "2", "--new-tokens", "4", "--gamma", "2",
-                                "--etas", "0", "--chunk-size", "32", "--min-budget", "64",
-                                "--repeats", "1"])  # fmt: skip
+    flags = (
+        "--context-lengths 256 --samples 2 --new-tokens 4 --gamma 2 --etas 0 --chunk-size 32 "
+        "--min-budget 64 --repeats 1"
+    ).split()
+    results = rapid_bench.main(["--checkpoint", checkpoint, *flags])
     methods = [row["method"] for row in results[256]]
     assert methods == ["target", "rag", "rapid eta=0"]
 

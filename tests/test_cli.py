@@ -43,16 +43,26 @@ def test_generate_on_a_run_of_byte_tokens(tmp_path, capsys):
     from lhc.train import load_language_model
 
     config = str(pathlib.Path(CONFIG).with_name("quantspec_passkey.py")) + ":tiny,runlocal"
-    fast = ["--config.num_steps=2", "--config.progress_bar=False", "--config.data.length=128",
-            "--config.eval_batches=1", "--config.batch_size=2"]  # fmt: skip
+    fast = [
+        "--config.num_steps=2",
+        "--config.progress_bar=False",
+        "--config.data.length=128",
+        "--config.eval_batches=1",
+        "--config.batch_size=2",
+    ]
     assert cli.main(["train", "--config", config, "--workdir", str(tmp_path), *fast]) == 0
     capsys.readouterr()
-    assert cli.main(["generate", "--workdir", str(tmp_path), "--prompt", "The pass key is",
-                     "--max-new-tokens", "6"]) == 0  # fmt: skip
+    argv = ["generate", "--workdir", str(tmp_path), "--prompt", "The pass key is"]
+    assert cli.main([*argv, "--max-new-tokens", "6"]) == 0
     ckpt = load_language_model(workdir=tmp_path)
     assert isinstance(ckpt.tokenizer, lm.ByteTokenizer)
-    out = lm.generate(ckpt.model, ckpt.params, [ckpt.tokenizer.encode("The pass key is")],
-                      max_new_tokens=6, stop_tokens=ckpt.stop_tokens)  # fmt: skip
+    out = lm.generate(
+        ckpt.model,
+        ckpt.params,
+        [ckpt.tokenizer.encode("The pass key is")],
+        max_new_tokens=6,
+        stop_tokens=ckpt.stop_tokens,
+    )
     n = int(out.lengths[0])
     reply = [t for t in out.tokens[0, :n].tolist() if t not in ckpt.stop_tokens]
     assert capsys.readouterr().out == ckpt.tokenizer.decode(reply) + "\n"

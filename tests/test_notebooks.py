@@ -19,11 +19,11 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     # real_model.ipynb on a tiny random GGUF (a chat template, a byte-level BPE) instead
     # of the download.
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parent / "lm"))
-    import _gguf_files
+    from .lm import _gguf_files
 
-    gguf_path = _gguf_files.write_gguf(tmp_path / "tiny.gguf", "llama",
-                                       _gguf_files.byte_level_vocab(), context=1024)  # fmt: skip
+    gguf_path = _gguf_files.write_gguf(
+        tmp_path / "tiny.gguf", "llama", _gguf_files.byte_level_vocab(), context=1024
+    )
     monkeypatch.setenv("LHC_NOTEBOOK_CHECKPOINT", str(gguf_path))
     monkeypatch.setenv("LHC_NOTEBOOK_SMOKE", "1")
     notebook = nbformat.read(path, as_version=4)

@@ -14,9 +14,12 @@ def make_sequence(rng, length):
 def iterator(start=0, process_index=0, process_count=1):
     return IndexedIterator(
         consecutive_chunks(make_sequence, chunk_length=5, num_chunks=3),
-        seed=7, batch_size=4, process_index=process_index, process_count=process_count,
+        seed=7,
+        batch_size=4,
+        process_index=process_index,
+        process_count=process_count,
         start=start,
-    )  # fmt: skip
+    )
 
 
 def test_chunks_of_a_group_reassemble_each_rows_sequence():
@@ -57,8 +60,9 @@ def test_bad_input_is_a_clear_error():
         consecutive_chunks(make_sequence, chunk_length=0, num_chunks=2)
     short = consecutive_chunks(
         lambda rng, n: {"tokens": np.zeros(n), "weights": np.zeros(n - 1)},
-        chunk_length=4, num_chunks=2,
-    )  # fmt: skip
+        chunk_length=4,
+        num_chunks=2,
+    )
     with pytest.raises(ValueError, match=r"arrays of 8 entries .* 'weights' of shape \(7,\)"):
         short(0, 0, range(2))
     bare = consecutive_chunks(lambda rng, n: np.zeros(n), chunk_length=4, num_chunks=2)

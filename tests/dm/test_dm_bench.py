@@ -1,38 +1,61 @@
 """lhc bench dm at the tiny size: the rows, DT's FLOPs per action against a count by
 hand, DM's below DT's when its routed layer selects fewer tokens, the table and the JSON
-file (timings are printed, never checked)."""
+file. The timer reports chosen seconds (the real ones are only checked to be positive),
+so the actions per second are checked against closed forms."""
 
 import contextlib
 import io
 import json
+import math
 
 import numpy as np
 import pytest
 
 from lhc.dm import bench
 
+from ..support import fixed_timings
+
+# Seconds per call the timer reports for each model and batch.
+SECONDS = {
+    ("dt", 1): 0.5,
+    ("dt", 3): 0.6,
+    ("dm", 1): 0.8,
+    ("dm", 3): 1.2,
+    ("dm_noaux", 1): 2.0,
+    ("dm_noaux", 3): 2.5,
+}
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """The result, the JSON file and what was printed."""
+    """The result, the JSON file, what was printed and the real timings."""
     path = tmp_path_factory.mktemp("dm") / "dm.json"
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        result = bench.main(["--size", "tiny", "--repeats", "1", "--batches", "1,3",
-                             "--json", str(path)])  # fmt: skip
-    return result, path, printed.getvalue()
+    with contextlib.redirect_stdout(printed), pytest.MonkeyPatch.context() as monkeypatch:
+        measured = fixed_timings(monkeypatch, interleaved=SECONDS.__getitem__)
+        result = bench.main(
+            ["--size", "tiny", "--repeats", "1", "--batches", "1,3", "--json", str(path)]
+        )
+    return result, path, printed.getvalue(), measured
 
 
 def test_rows(run):
-    result, _, _ = run
+    result, _, _, measured = run
     rows = result["rows"]
     assert [(r["model"], r["selection"], r["batch"]) for r in rows] == [
-        ("dt", None, 1), ("dt", None, 3), ("dm", "aux", 1), ("dm", "aux", 3),
-        ("dm_noaux", "topk", 1), ("dm_noaux", "topk", 3),
-    ]  # fmt: skip
-    for row in rows:
-        assert row["seconds"] > 0
-        assert row["actions_per_s"] == pytest.approx(row["batch"] / row["seconds"])
+        ("dt", None, 1),
+        ("dt", None, 3),
+        ("dm", "aux", 1),
+        ("dm", "aux", 3),
+        ("dm_noaux", "topk", 1),
+        ("dm_noaux", "topk", 3),
+    ]
+    assert len(measured) == 6 and all(0 < s < math.inf for s in measured)
+    # One action per window of the batch: 1 / 0.5 s, 3 / 0.6 s, 1 / 0.8 s, ...
+    actions_per_s = [2.0, 5.0, 1.25, 2.5, 0.5, 1.2]
+    for row, want in zip(rows, actions_per_s, strict=True):
+        assert row["seconds"] == SECONDS[row["model"], row["batch"]]
+        assert row["actions_per_s"] == pytest.approx(want)
     dt, dm = rows[0], rows[2]
     assert dt["selected_tokens"] == [] and dt["selected_fraction"] is None
     # Same blocks; the router adds a score, a capacity MLP (12 * 16 -> 16 -> 1) and an
@@ -69,10 +92,11 @@ def test_dm_flops_below_dt_when_fewer_tokens(run):
 
 
 def test_table_and_json(run):
-    result, path, out = run
+    result, path, out, _ = run
     assert "tiny size: layers 2, heads 1, width 16, K 4 (12 tokens)" in out
     assert "| model | selection | batch | ms / call | actions/s |" in out
-    assert "| dt |  | 1 |" in out and "device: " in out
+    assert "| dt |  | 1 | 500.00 | 2.0 |" in out and "| dm | aux | 3 | 1200.00 | 2.5 |" in out
+    assert "device: " in out
     written = json.loads(path.read_text())
     assert written["rows"] == result["rows"] and written["size"] == "tiny"
     assert written["sizes"]["context"] == 4

@@ -31,8 +31,17 @@ def _inputs(seed=0, batch=2):
 
 
 def _model(**kwargs):
-    config = DMConfig(state_dim=S, action_dim=A, context=K, embed_dim=16, num_layers=4,
-                      num_heads=2, max_ep_len=64, dropout=0.0, **kwargs)  # fmt: skip
+    config = DMConfig(
+        state_dim=S,
+        action_dim=A,
+        context=K,
+        embed_dim=16,
+        num_layers=4,
+        num_heads=2,
+        max_ep_len=64,
+        dropout=0.0,
+        **kwargs,
+    )
     model = DecisionModel(config)
     inputs = _inputs()
     params = nn.meta.unbox(model.init(jax.random.key(0), **inputs)["params"])
@@ -81,8 +90,12 @@ def test_router_selection_capacity_and_the_routed_block():
         picked = np.flatnonzero(expected)
         gathered = x[row : row + 1, picked]
         block = Block(config)
-        reference = block.apply({"params": params["params"]["block"]}, gathered,
-                                jnp.arange(len(picked))[None], deterministic=True)[0]  # fmt: skip
+        reference = block.apply(
+            {"params": params["params"]["block"]},
+            gathered,
+            jnp.arange(len(picked))[None],
+            deterministic=True,
+        )[0]
         np.testing.assert_allclose(
             np.asarray(out[row, picked]),
             scores[row, picked, None] * np.asarray(reference),
@@ -212,8 +225,16 @@ def test_every_parameter_has_logical_axis_names(router):
     rules, so the model shards with the same rules as every other lhc model."""
     from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
-    config = DMConfig(state_dim=S, action_dim=A, context=K, embed_dim=16, num_layers=2,
-                      num_heads=2, max_ep_len=64, router=router)  # fmt: skip
+    config = DMConfig(
+        state_dim=S,
+        action_dim=A,
+        context=K,
+        embed_dim=16,
+        num_layers=2,
+        num_heads=2,
+        max_ep_len=64,
+        router=router,
+    )
     boxed = DecisionModel(config).init(jax.random.key(0), **_inputs())["params"]
     known = {name for name, _ in LOGICAL_AXIS_RULES}
     leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))

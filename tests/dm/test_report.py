@@ -16,13 +16,21 @@ def _run(root, dataset, model, seed, returns_mean, normalized=None, selected=())
     save_run_config(config, str(workdir), "lhc train")
     records = [
         {"step": 100, "train/loss": 1.0},
-        {"step": 1000, "eval/action_mse": 9.0, "eval/return_mean": -1.0,
-         "eval/flops_per_action": 1.0},
-        {"step": 2000, "eval/action_mse": 0.01 * (seed + 1), "eval/return_mean": returns_mean,
-         "eval/flops_per_action": 2e6 if model == "dt" else 1.5e6}
+        {
+            "step": 1000,
+            "eval/action_mse": 9.0,
+            "eval/return_mean": -1.0,
+            "eval/flops_per_action": 1.0,
+        },
+        {
+            "step": 2000,
+            "eval/action_mse": 0.01 * (seed + 1),
+            "eval/return_mean": returns_mean,
+            "eval/flops_per_action": 2e6 if model == "dt" else 1.5e6,
+        }
         | ({"eval/normalized_mean": normalized} if normalized is not None else {})
         | {f"eval/selected_tokens_{i}": c for i, c in enumerate(selected)},
-    ]  # fmt: skip
+    ]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return str(workdir)
 
@@ -37,8 +45,10 @@ def test_table_groups_seeds_and_takes_the_last_evaluation(tmp_path):
     ]
     runs = [report.read_run(w) for w in workdirs]
     assert [(r["model"], r["seed"], r["dataset"]) for r in runs[:3]] == [
-        ("dm", 0, "hopper-medium"), ("dm", 1, "hopper-medium"), ("dt", 0, "hopper-medium"),
-    ]  # fmt: skip
+        ("dm", 0, "hopper-medium"),
+        ("dm", 1, "hopper-medium"),
+        ("dt", 0, "hopper-medium"),
+    ]
     text = report.table(runs)
     rows = {line.split()[0]: line for line in text.splitlines()[2:] if line.strip()}
     assert list(rows) == ["dt", "dm", "dm_noaux", "dm_fixed"]

@@ -36,9 +36,18 @@ def test_rollout_feeds_returns_to_go_and_windows_as_in_training():
         return np.array([0.5], np.float32), []
 
     mean, std = np.array([1.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
-    result = rollout_lib.rollout(env, policy, target_return=100.0, context=3, state_mean=mean,
-                                 state_std=std, rtg_scale=10.0, max_ep_len=10, seed=0,
-                                 action_scale=2.0)  # fmt: skip
+    result = rollout_lib.rollout(
+        env,
+        policy,
+        target_return=100.0,
+        context=3,
+        state_mean=mean,
+        state_std=std,
+        rtg_scale=10.0,
+        max_ep_len=10,
+        seed=0,
+        action_scale=2.0,
+    )
     assert result["length"] == 7 and result["episode_return"] == sum(1.0 + t for t in range(7))
     np.testing.assert_allclose(np.stack(env.actions), 1.0)  # 0.5 x the bound 2
     for t, inputs in enumerate(seen):
@@ -64,7 +73,7 @@ def _dataset(tmp_path, scale=2.0):
             rng.uniform(-scale, scale, (n, 1)).astype(np.float32),
             rng.normal(size=n).astype(np.float32),
             terminal=False,
-        )  # fmt: skip
+        )
         for n in (30, 50, 40)
     ]
     path = tmp_path / "pendulum-random.npz"

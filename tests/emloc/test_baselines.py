@@ -6,7 +6,7 @@ import pytest
 
 from lhc.emloc import baselines
 
-from ..lm.conftest import forward
+from ..support import forward
 from .test_compress import CONFIG, MODEL, _examples, params  # noqa: F401
 
 
@@ -16,8 +16,12 @@ def test_snapkv_keeps_what_the_observation_window_attends_to_most(params):  # no
     length, window, keep = tokens.size, 4, 0.4
     memory = baselines.snapkv_memory(MODEL, params, examples, keep, window=window, pool=3)
     probs = {}
-    forward(CONFIG, jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params), tokens,
-            probs=probs)  # fmt: skip
+    forward(
+        CONFIG,
+        jax.tree_util.tree_map(lambda x: np.asarray(x, np.float64), params),
+        tokens,
+        probs=probs,
+    )
     count = int(length * keep)
     group = CONFIG.num_heads // CONFIG.num_kv_heads
     for layer in range(CONFIG.num_layers):

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +11,7 @@ from scipy.special import log_softmax
 from lhc import emloc, lm
 from lhc.emloc import EMLoCConfig, Example
 
-from ..lm.conftest import forward
+from ..support import forward, random_params
 
 CONFIG = lm.LMConfig.tiny(num_layers=3, max_len=128)
 MODEL = lm.Transformer(CONFIG)
@@ -20,18 +19,13 @@ MODEL = lm.Transformer(CONFIG)
 
 @pytest.fixture(scope="module")
 def params():
-    """Random parameters drawn in numpy (no initialiser to compile), with attention
-    sharp enough that pruning changes the answers."""
-    abstract = nn.meta.unbox(lm.abstract_params(CONFIG))
-    rng = np.random.default_rng(0)
-
-    def draw(path, leaf):
-        if "scale" in jax.tree_util.keystr(path):
-            return jnp.asarray(1 + 0.2 * rng.normal(size=leaf.shape), leaf.dtype)
-        gain = 3.0 if "query" in jax.tree_util.keystr(path) else 1.0
-        return jnp.asarray(gain * rng.normal(size=leaf.shape) / np.sqrt(8), leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract)
+    """Random parameters (weights of standard deviation 8 ** -0.5, norm scales near one),
+    with attention sharp enough that pruning changes the answers: queries 3 times
+    larger."""
+    drawn = random_params(CONFIG, scale=8**-0.5, norms=0.2)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: 3 * leaf if "query" in jax.tree_util.keystr(path) else leaf, drawn
+    )
 
 
 def _examples(count, seed, length=7, answers=2, image_at=None):
@@ -105,9 +99,12 @@ def test_delta_zero_keeps_everything_and_answers_like_the_full_context(params):
     plain = _examples(2, seed=5)
     compression = emloc.compress(MODEL, params, plain, EMLoCConfig(chunk_size=2, delta=0.0))
     on_memory = lm.generate(
-        MODEL, params, [query], max_new_tokens=5,
+        MODEL,
+        params,
+        [query],
+        max_new_tokens=5,
         cache=compression.memory.broadcast(1).with_tail(CONFIG, 16),
-    )  # fmt: skip
+    )
     whole = lm.generate(
         MODEL, params, [np.concatenate([e.tokens for e in plain] + [query])], max_new_tokens=5
     )

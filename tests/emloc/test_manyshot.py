@@ -30,8 +30,10 @@ def test_training_rows_teach_labels_that_only_the_context_names(modality):
             clean_row = manyshot.training_row(np.random.default_rng(7), clean, shots=30)
             clean_demos = np.concatenate([clean_row["tokens"][0], clean_row["targets"][0, -1:]])
             clean_demos = clean_demos.reshape(30, clean.demo_length)
-            words = {label: set(clean_demos[clean_demos[:, -2] == label, :-2].ravel())
-                     for label in np.unique(clean_demos[:, -2])}  # fmt: skip
+            words = {
+                label: set(clean_demos[clean_demos[:, -2] == label, :-2].ravel())
+                for label in np.unique(clean_demos[:, -2])
+            }
             assert all(len(w) <= 3 for w in words.values())
             assert sum(len(w) for w in words.values()) == len(set().union(*words.values()))
         else:
@@ -84,9 +86,12 @@ def test_patch_lm_puts_encoded_patches_in_place_of_image_tokens():
     logits, _ = model.apply({"params": params}, tokens, positions, features=features)
     encoded = manyshot.PatchEncoder(config.embed_dim).apply({"params": params["encoder"]}, features)
     expected, _ = lm.Transformer(config).apply(
-        {"params": params["lm"]}, tokens, positions, embeddings=encoded,
+        {"params": params["lm"]},
+        tokens,
+        positions,
+        embeddings=encoded,
         embedding_mask=tokens == IMAGE_TOKEN,
-    )  # fmt: skip
+    )
     np.testing.assert_allclose(logits, expected, rtol=1e-6)
     text_only, _ = lm.Transformer(config).apply({"params": params["lm"]}, tokens, positions)
     assert not np.allclose(logits, text_only)
@@ -110,9 +115,8 @@ def test_bench_table_on_a_random_image_model(capsys):
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
     params = model.init(jax.random.key(0), tokens, positions, features=jnp.asarray(row["features"]))
     args = bench._parser().parse_args(
-        ["--workdir", "unused", "--shots", "8", "--episodes", "1", "--queries", "3",
-         "--chunk-size", "4", "--deltas", "0.01"]
-    )  # fmt: skip
+        "--workdir unused --shots 8 --episodes 1 --queries 3 --chunk-size 4 --deltas 0.01".split()
+    )
     make = bench._generated_episodes(model, params["params"], task, shots=8, queries=3)
     lm_model, lm_params = lm.Transformer(config), params["params"]["lm"]
     result = bench.evaluate(lm_model, lm_params, make, "image", args)

@@ -11,13 +11,13 @@ from lhc.graphs import bench
 
 def test_bench_rows(capsys, tmp_path):
     path = tmp_path / "graphs.json"
-    result = bench.main(["--sides", "3", "--hessian-sides", "2", "--layers", "2", "--width", "8",
-                         "--out-channels", "2", "--chunk-size", "4", "--repeats", "1",
-                         "--json", str(path)])  # fmt: skip
+    flags = "--sides 3 --hessian-sides 2 --layers 2 --width 8 --out-channels 2 --chunk-size 4"
+    result = bench.main([*flags.split(), "--repeats", "1", "--json", str(path)])
     rows = result["rows"]
     assert [(r["kind"], r["side"], r["nodes"]) for r in rows] == [
-        ("jacobian", 3, 9), ("hessian", 2, 4)
-    ]  # fmt: skip
+        ("jacobian", 3, 9),
+        ("hessian", 2, 4),
+    ]
     for row in rows:
         assert row["relative_difference"] < 1e-5
         assert row["full_s"] > 0 and row["chunked_s"] > 0

@@ -39,8 +39,14 @@ def test_graph_level_influence_of_a_model_stays_within_twice_its_depth():
     graphs = from_adjacencies([adjacency], [np.zeros((9, 1))])
     x = jax.random.normal(jax.random.key(2), (9, 1))
     for activation in ("gelu", "relu"):
-        model = GNN(layer="gcn", num_layers=1, hidden_dim=8, out_dim=1, graph_level=True,
-                    activation=activation)  # fmt: skip
+        model = GNN(
+            layer="gcn",
+            num_layers=1,
+            hidden_dim=8,
+            out_dim=1,
+            graph_level=True,
+            activation=activation,
+        )
         params = model.init(jax.random.key(0), graphs)["params"]
         fn = lambda z, model=model, params=params: model.apply(  # noqa: E731
             {"params": params}, graphs.replace(nodes=z[None])

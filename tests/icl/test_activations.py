@@ -8,7 +8,7 @@ from lhc import lm
 from lhc.icl import activations
 from lhc.icl.activations import edit_at, read_activations
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 TOKENS = np.random.default_rng(3).integers(0, CONFIG.vocab_size, (2, 9))
@@ -32,8 +32,9 @@ def test_read_matches_the_numpy_decoder(tiny, site, scan):
     assert acts.shape == (CONFIG.num_layers, 2, 3, CONFIG.embed_dim)
     for b in range(2):
         states = {}
-        want_logits = forward(CONFIG, lm.unstack_layer_params(params) if scan else params,
-                              TOKENS[b], states=states)  # fmt: skip
+        want_logits = forward(
+            CONFIG, lm.unstack_layer_params(params) if scan else params, TOKENS[b], states=states
+        )
         np.testing.assert_allclose(logits[b], want_logits[at[b]], rtol=1e-4, atol=1e-4)
         for layer in range(CONFIG.num_layers):
             want = states[site, layer][at[b]]
@@ -81,11 +82,13 @@ def test_a_replaced_residual_equals_a_pass_resumed_from_the_edited_stream(tiny):
     edited = stream[layer].copy()
     edited[:, column] = vector
     positions = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (2, 9))
-    want, _ = model.apply({"params": params}, None, positions, embeddings=jnp.asarray(edited),
-                          start_layer=layer + 1)  # fmt: skip
+    want, _ = model.apply(
+        {"params": params}, None, positions, embeddings=jnp.asarray(edited), start_layer=layer + 1
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got[:, :column], _apply(model, params, TOKENS)[:, :column],
-                               rtol=1e-6, atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        got[:, :column], _apply(model, params, TOKENS)[:, :column], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_a_read_under_an_edit_sees_the_edit(tiny):
@@ -93,8 +96,9 @@ def test_a_read_under_an_edit_sees_the_edit(tiny):
     vector = np.ones(CONFIG.embed_dim)
     steer = edit_at(CONFIG.num_layers, 9, [[4], [4]], vector, layers=[2], site="attention")
     plain, _ = read_activations(model, params, TOKENS, [[4], [4]], site="attention")
-    edited, _ = read_activations(model, params, TOKENS, [[4], [4]], site="attention",
-                                 intervention=steer)  # fmt: skip
+    edited, _ = read_activations(
+        model, params, TOKENS, [[4], [4]], site="attention", intervention=steer
+    )
     np.testing.assert_allclose(edited[2], plain[2] + 1, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(edited[:2], plain[:2])
 

@@ -25,9 +25,8 @@ def _trained(name, workdir):
 def test_superposition_curve_from_a_workdir(tmp_path, capsys):
     workdir = _trained("icl_superposition.py", tmp_path / "model")
     result = bench.main(
-        ["superposition", "--workdir", workdir, "--prompts", "3", "--points", "3",
-         "--task-vectors"]
-    )  # fmt: skip
+        ["superposition", "--workdir", workdir, "--prompts", "3", "--points", "3", "--task-vectors"]
+    )
     out = capsys.readouterr().out
     assert (
         "\n| d | realised | P(bias_add(2)) | P(bias_add(6)) | other | KL | both >= 0.1 |\n" in out
@@ -38,8 +37,9 @@ def test_superposition_curve_from_a_workdir(tmp_path, capsys):
     assert rows[0]["realised"] == 0.0 and rows[-1]["realised"] == 1.0
     for r in rows:
         assert 0 < r["first"] and 0 < r["second"] and r["first"] + r["second"] <= 1
-        want = sum(d * np.log(d / p) for d, p in ((r["d"], r["first"]), (1 - r["d"], r["second"]))
-                   if d > 0)  # fmt: skip
+        want = sum(
+            d * np.log(d / p) for d, p in ((r["d"], r["first"]), (1 - r["d"], r["second"])) if d > 0
+        )
         assert r["kl"] == pytest.approx(want, rel=1e-6)
     vectors = result["task_vectors"]
     assert [r["w"] for r in vectors["rows"]] == [0.0, 0.5, 1.0]
@@ -50,16 +50,25 @@ def test_superposition_curve_from_a_workdir(tmp_path, capsys):
 def test_families_on_an_hf_checkpoint(tmp_path, capsys):
     rng = np.random.default_rng(0)
     family = families.get_family("addition")
-    corpus = [families.superposition_prompt(rng, family, {"digits": 1.0}, 3).text
-              for _ in range(30)] + [" ".join(families.number_words(n, lang)
-                                              for n in range(100, 199, 7))
-                                     for lang in families.LANGUAGES]  # fmt: skip
+    prompts = [
+        families.superposition_prompt(rng, family, {"digits": 1.0}, 3).text for _ in range(30)
+    ]
+    numbers = [
+        " ".join(families.number_words(n, lang) for n in range(100, 199, 7))
+        for lang in families.LANGUAGES
+    ]
+    corpus = prompts + numbers
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<unk>", "<s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    tokenizer.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<unk>", "<s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     model_dir = tmp_path / "model"
     config = lm.LMConfig.tiny(vocab_size=320, max_len=256)
     lm.hf.save(config, lm.init_params(config, jax.random.key(0)), model_dir)
@@ -68,11 +77,11 @@ def test_families_on_an_hf_checkpoint(tmp_path, capsys):
     for text, answer in (("12+30->", "42"), ("50+51->", "cent un")):
         tokens = bench._answer_tokens(loaded, text, answer)
         assert loaded.decode(loaded.encode(text) + tokens) == text + answer
+    tokenizer_path = str(model_dir / "tokenizer.json")
     result = bench.main(
-        ["superposition", "--checkpoint", str(model_dir), "--tokenizer",
-         str(model_dir / "tokenizer.json"), "--family", "addition", "--demos", "4",
-         "--prompts", "2", "--dtype", "float32"]
-    )  # fmt: skip
+        ["superposition", "--checkpoint", str(model_dir), "--tokenizer", tokenizer_path]
+        + "--family addition --demos 4 --prompts 2 --dtype float32".split()
+    )
     mean = np.array(result["addition"]["mean"])
     assert result["addition"]["tasks"] == list(family.tasks)
     assert mean.shape == (4,) and (mean > 0).all() and mean.sum() < 1
@@ -94,15 +103,19 @@ def test_vectors_table_from_a_workdir(tmp_path, capsys):
     workdir = _trained("icl_classification.py", tmp_path / "model")
     with pytest.raises(SystemExit, match="^--workdir '.*missing': "):
         bench.main(["vectors", "--workdir", str(tmp_path / "missing")])
+    flags = (
+        "--tasks 1 --episodes 3 --val-episodes 4 --test-episodes 6 --ext-shots 1 "
+        "--strengths 0.5,0.9 --ext-strengths 0.5"
+    ).split()
     result = bench.main(
-        ["vectors", "--workdir", workdir, "--tasks", "1", "--episodes", "3",
-         "--val-episodes", "4", "--test-episodes", "6", "--ext-shots", "1",
-         "--strengths", "0.5,0.9", "--ext-strengths", "0.5", "--json", str(tmp_path / "v.json")]
-    )  # fmt: skip
+        ["vectors", "--workdir", workdir, *flags, "--json", str(tmp_path / "v.json")]
+    )
     (row,) = result["rows"]
     out = capsys.readouterr().out
-    assert ("| task | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | Iterative Vectors "
-            "F1 (acc; ext_shot, strength, ext_strength) |\n|---:|---|---:|---:|---:|\n| 1 | ") in out  # fmt: skip
+    assert (
+        "| task | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | Iterative Vectors "
+        "F1 (acc; ext_shot, strength, ext_strength) |\n|---:|---|---:|---:|---:|\n| 1 | "
+    ) in out
     assert f"| mean |  | {row['clean_f1']:.3f} | {row['tv_f1']:.3f} | {row['iv_f1']:.3f} |" in out
     written = json.loads((tmp_path / "v.json").read_text())
     assert written["rows"][0]["task"] == 1 and written["shots"] == 1

@@ -7,7 +7,7 @@ import pytest
 from lhc.icl import iterative
 from lhc.icl.iterative import Examples, ExtractConfig, Format, build_prompt
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 FMT = Format(labels=((90,), (91, 7)), separator=10, block=(11, 11))
@@ -48,13 +48,15 @@ def test_extraction_against_a_direct_computation(tiny):
     for index, (support, (query, label)) in enumerate(episodes):
         prompt = build_prompt(FMT, support, query, label)
         classes = [c for _, c in support]
-        pos, _ = _numpy_attention(params, prompt.tokens, prompt.separators,
-                                  _adds(prompt, classes, vectors, 0.7))  # fmt: skip
+        pos, _ = _numpy_attention(
+            params, prompt.tokens, prompt.separators, _adds(prompt, classes, vectors, 0.7)
+        )
         alone = build_prompt(FMT, [], query, label)
         neg, _ = _numpy_attention(params, alone.tokens, alone.separators - 1, {})
         diff = pos - neg  # [L, K, D]
-        per_class = [diff[:, [k for k, c in enumerate(classes) if c == cls]].mean(1)
-                     for cls in range(2)]  # fmt: skip
+        per_class = [
+            diff[:, [k for k, c in enumerate(classes) if c == cls]].mean(1) for cls in range(2)
+        ]
         collected.append(np.stack(per_class + [diff[:, -1]]))
         if index % 2 == 0 or index == 3:
             vectors = np.mean(collected, axis=0)
@@ -77,16 +79,18 @@ def test_prediction_with_vectors_against_the_numpy_decoder(tiny):
 def test_task_vectors_baseline(tiny):
     model, params = tiny
     train = _examples()
-    tv = iterative.TaskVectors.extract(model, params, FMT, train, shots=1, episodes=5, seed=2,
-                                       batch_size=2)  # fmt: skip
+    tv = iterative.TaskVectors.extract(
+        model, params, FMT, train, shots=1, episodes=5, seed=2, batch_size=2
+    )
     rng = np.random.default_rng(2)
     states_at_query = []
     for support, (query, _) in [train.episode(rng, 1) for _ in range(5)]:
         prompt = build_prompt(FMT, support, query)
         states = {}
         forward(CONFIG, params, prompt.tokens, states=states)
-        states_at_query.append([states["residual", i][prompt.separators[-1]]
-                                for i in range(CONFIG.num_layers)])  # fmt: skip
+        states_at_query.append(
+            [states["residual", i][prompt.separators[-1]] for i in range(CONFIG.num_layers)]
+        )
     np.testing.assert_allclose(tv.vectors, np.mean(states_at_query, 0), rtol=1e-4, atol=1e-5)
     validation = iterative.evaluation_episodes(train, 1, 8, seed=9)
     scores = tv.choose_layer(model, params, FMT, validation)

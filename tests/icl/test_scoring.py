@@ -7,7 +7,7 @@ from scipy.special import log_softmax
 
 from lhc.icl import scoring, taskvectors
 
-from ..lm.conftest import forward
+from ..support import forward
 from .conftest import CONFIG
 
 RNG = np.random.default_rng(7)
@@ -30,8 +30,9 @@ def _numpy_logprob(params, prompt, answer, residual_add=None):
 def test_answer_probabilities_are_products_of_per_token_probabilities(tiny):
     model, params = tiny
     got = scoring.answer_probabilities(model, params, PROMPTS, ANSWERS, batch_size=4)
-    want = np.exp([[_numpy_logprob(params, p, a) for a in group]
-                   for p, group in zip(PROMPTS, ANSWERS)])  # fmt: skip
+    want = np.exp(
+        [[_numpy_logprob(params, p, a) for a in group] for p, group in zip(PROMPTS, ANSWERS)]
+    )
     np.testing.assert_allclose(got, want, rtol=1e-4)
     other = scoring.with_other(got)[:, -1]
     np.testing.assert_allclose(other, 1 - want.sum(1), rtol=1e-4, atol=1e-12)
@@ -91,8 +92,10 @@ def test_kl_and_composition_closed_forms():
         np.log(1 / 0.7)
     )
     vectors = np.arange(12.0).reshape(3, 4)
-    np.testing.assert_allclose(taskvectors.compose(vectors, [0.2, 0.3, 0.5]),
-                               0.2 * vectors[0] + 0.3 * vectors[1] + 0.5 * vectors[2])  # fmt: skip
+    np.testing.assert_allclose(
+        taskvectors.compose(vectors, [0.2, 0.3, 0.5]),
+        0.2 * vectors[0] + 0.3 * vectors[1] + 0.5 * vectors[2],
+    )
     with pytest.raises(ValueError, match="non-negative and sum to 1"):
         taskvectors.compose(vectors, [0.5, 0.6, -0.1])
     with pytest.raises(ValueError, match=r"weights must be \[3\]"):

@@ -44,8 +44,9 @@ def test_a_mixture_prompt_follows_its_proportion(kind):
         prompt = mixture_prompt(rng, task, proportion, params=(2, 6))
         demos, query = _demos(bytes(prompt.tokens.astype(np.uint8)).decode())
         assert query.endswith(">") and len(demos) == 30
-        first = sum(2 in _params_of(task, x, y) and 6 not in _params_of(task, x, y)
-                    for x, y in demos)  # fmt: skip
+        first = sum(
+            2 in _params_of(task, x, y) and 6 not in _params_of(task, x, y) for x, y in demos
+        )
         second = sum(6 in _params_of(task, x, y) for x, y in demos)
         assert (first, second) == prompt.counts
         if proportion in (0.0, 1.0):

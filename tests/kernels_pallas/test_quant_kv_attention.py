@@ -26,8 +26,16 @@ def _store(seed, b=2, kv=2, s=64, h=16, g=16):
     r = np.random.default_rng(seed)
     codes = lambda: r.integers(0, 256, size=(b, kv, s, h // 2)).astype(np.uint8)  # noqa: E731
     floats = lambda *shape: r.uniform(-1, 1, size=shape).astype(np.float16)  # noqa: E731
-    return (codes(), codes(), np.abs(floats(b, kv, s // g, h)), floats(b, kv, s // g, h),
-            codes(), codes(), np.abs(floats(b, kv, s, h // g)), floats(b, kv, s, h // g))  # fmt: skip
+    return (
+        codes(),
+        codes(),
+        np.abs(floats(b, kv, s // g, h)),
+        floats(b, kv, s // g, h),
+        codes(),
+        codes(),
+        np.abs(floats(b, kv, s, h // g)),
+        floats(b, kv, s, h // g),
+    )
 
 
 def _brute_force(q, store, positions, cut, bits):
@@ -117,9 +125,19 @@ def _paper_shapes(t, sharding=None, b=4):
     kv, n, h, g, s = 2, 8, 128, 128, 1024
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)  # noqa: E731
     codes = spec((b, kv, s, h // 2), jnp.uint8)
-    return (spec((b, t, n, h), jnp.bfloat16), codes, codes, spec((b, kv, s // g, h), jnp.float16),
-            spec((b, kv, s // g, h), jnp.float16), codes, codes, spec((b, kv, s, 1), jnp.float16),
-            spec((b, kv, s, 1), jnp.float16), spec((b, s), jnp.int32), spec((b, t), jnp.int32))  # fmt: skip
+    return (
+        spec((b, t, n, h), jnp.bfloat16),
+        codes,
+        codes,
+        spec((b, kv, s // g, h), jnp.float16),
+        spec((b, kv, s // g, h), jnp.float16),
+        codes,
+        codes,
+        spec((b, kv, s, 1), jnp.float16),
+        spec((b, kv, s, 1), jnp.float16),
+        spec((b, s), jnp.int32),
+        spec((b, t), jnp.int32),
+    )
 
 
 def test_tpu_kernel_compiles_for_v5e_ahead_of_time():
@@ -133,8 +151,13 @@ def test_tpu_kernel_compiles_for_v5e_ahead_of_time():
         def per_device(*args, bits=bits):
             return quant_kv_attention(*args, bits=bits, backend="tpu")
 
-        attention = jax.shard_map(per_device, mesh=mesh, in_specs=(P("data"),) * 11,
-                                  out_specs=(P("data"), P("data")), check_vma=False)  # fmt: skip
+        attention = jax.shard_map(
+            per_device,
+            mesh=mesh,
+            in_specs=(P("data"),) * 11,
+            out_specs=(P("data"), P("data")),
+            check_vma=False,
+        )
         lowered = jax.jit(attention).lower(*_paper_shapes(t, NamedSharding(mesh, P("data"))))
         assert "quant_kv_attention" in re.findall(r'kernel_name = "(\w+)"', lowered.as_text())
         compiled = lowered.compile()  # Mosaic compiles the kernel for v5e here
@@ -147,8 +170,9 @@ def test_gpu_kernel_lowers_to_triton_for_cuda(t):
     unchecked = [export.DisabledSafetyCheck.custom_call(triton_call)]
     exported = export.export(
         jax.jit(lambda *a: quant_kv_attention(*a, bits=8, backend="gpu")),
-        platforms=["cuda"], disabled_checks=unchecked,
-    )(*_paper_shapes(t))  # fmt: skip
+        platforms=["cuda"],
+        disabled_checks=unchecked,
+    )(*_paper_shapes(t))
     text = exported.mlir_module()
     assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {triton_call}
     assert re.findall(r'name = "(quant_kv_\w+)"', text) == ["quant_kv_attention"]
@@ -188,16 +212,21 @@ def test_buffer_reference_matches_brute_force():
     n, kv = q.shape[2], keys.shape[2]
     for b in range(2):
         for t in range(3):
-            seen = [j for j in range(keys.shape[1]) if slots[b, j] >= cut[b, t]
-                    and 0 <= positions[b, j] <= query_positions[b, t]]  # fmt: skip
+            seen = [
+                j
+                for j in range(keys.shape[1])
+                if slots[b, j] >= cut[b, t] and 0 <= positions[b, j] <= query_positions[b, t]
+            ]
             for head in range(n):
                 k = head // (n // kv)
                 scores = keys[b, seen, k].astype(np.float64) @ q[b, t, head] / 4.0
                 w = np.exp(scores - scores.max())
-                np.testing.assert_allclose(out[b, t, head], w @ values[b, seen, k] / w.sum(),
-                                           rtol=1e-4, atol=1e-5)  # fmt: skip
-                np.testing.assert_allclose(lse[b, t, head], scores.max() + np.log(w.sum()),
-                                           rtol=1e-5)  # fmt: skip
+                np.testing.assert_allclose(
+                    out[b, t, head], w @ values[b, seen, k] / w.sum(), rtol=1e-4, atol=1e-5
+                )
+                np.testing.assert_allclose(
+                    lse[b, t, head], scores.max() + np.log(w.sum()), rtol=1e-5
+                )
 
 
 @pytest.mark.parametrize("t,seed", [(1, 8), (5, 9)])
@@ -212,17 +241,24 @@ def test_buffer_kernel_matches_reference_in_interpret_mode(t, seed):
 def _buffer_shapes(t, sharding=None, b=4, length=269):
     kv, n, h = 2, 8, 128
     spec = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)  # noqa: E731
-    return (spec((b, t, n, h), jnp.bfloat16), spec((b, length, kv, h), jnp.bfloat16),
-            spec((b, length, kv, h), jnp.bfloat16), spec((b, length), jnp.int32),
-            spec((b, length), jnp.int32), spec((b, t), jnp.int32), spec((b, t), jnp.int32))  # fmt: skip
+    return (
+        spec((b, t, n, h), jnp.bfloat16),
+        spec((b, length, kv, h), jnp.bfloat16),
+        spec((b, length, kv, h), jnp.bfloat16),
+        spec((b, length), jnp.int32),
+        spec((b, length), jnp.int32),
+        spec((b, t), jnp.int32),
+        spec((b, t), jnp.int32),
+    )
 
 
 def test_buffer_kernel_compiles_for_v5e_and_lowers_for_cuda():
     triton_call = "__gpu$xla.gpu.triton"
     exported = export.export(
-        jax.jit(lambda *a: buffer_attention(*a, backend="gpu")), platforms=["cuda"],
+        jax.jit(lambda *a: buffer_attention(*a, backend="gpu")),
+        platforms=["cuda"],
         disabled_checks=[export.DisabledSafetyCheck.custom_call(triton_call)],
-    )(*_buffer_shapes(7))  # fmt: skip
+    )(*_buffer_shapes(7))
     assert re.findall(r'name = "(quant_kv_\w+)"', exported.mlir_module()) == [
         "quant_kv_buffer_attention"
     ]
@@ -231,9 +267,13 @@ def test_buffer_kernel_compiles_for_v5e_and_lowers_for_cuda():
 
     topology = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
     mesh = topologies.make_mesh(topology, (len(topology.devices),), ("data",))
-    attention = jax.shard_map(lambda *a: buffer_attention(*a, backend="tpu"), mesh=mesh,
-                              in_specs=(P("data"),) * 7, out_specs=(P("data"), P("data")),
-                              check_vma=False)  # fmt: skip
+    attention = jax.shard_map(
+        lambda *a: buffer_attention(*a, backend="tpu"),
+        mesh=mesh,
+        in_specs=(P("data"),) * 7,
+        out_specs=(P("data"), P("data")),
+        check_vma=False,
+    )
     compiled = (
         jax.jit(attention).lower(*_buffer_shapes(7, NamedSharding(mesh, P("data")))).compile()
     )

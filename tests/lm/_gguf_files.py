@@ -1,8 +1,9 @@
 """Tiny GGUF files written the way llama.cpp's ``convert_hf_to_gguf.py`` writes them
 (its metadata keys, its tensor names from ``gguf.get_tensor_name_map``, its q/k row
 permutation for ``"llama"`` files, its ``rope_freqs`` divisors for Llama 3 RoPE), with
-small trained vocabularies. Shared by ``test_lm_gguf.py`` and the notebook test; not a
-test module."""
+small trained vocabularies. Shared by ``test_lm_gguf.py``, ``tests/test_notebooks.py``
+and ``tests/test_checkpoint_benches.py`` (``from .lm import _gguf_files``); not a test
+module."""
 
 import json
 import math
@@ -36,14 +37,26 @@ TEXT_PARTS = [
 DIMS = dict(embed=64, heads=4, kv_heads=2, head_dim=16, mlp=256, layers=2, context=64)
 # ggml types by GGUF tensor kind; norms and biases stay F32 (as llama.cpp keeps them).
 LLAMA_TYPES = {
-    "token_embd": Q.Q8_0, "attn_q": Q.Q4_1, "attn_k": Q.Q8_0, "attn_v": Q.F16,
-    "attn_output": Q.Q4_0, "ffn_gate": Q.Q5_0, "ffn_up": Q.Q5_1, "ffn_down": Q.Q6_K,
-}  # fmt: skip
+    "token_embd": Q.Q8_0,
+    "attn_q": Q.Q4_1,
+    "attn_k": Q.Q8_0,
+    "attn_v": Q.F16,
+    "attn_output": Q.Q4_0,
+    "ffn_gate": Q.Q5_0,
+    "ffn_up": Q.Q5_1,
+    "ffn_down": Q.Q6_K,
+}
 QWEN2_TYPES = {
-    "token_embd": Q.F16, "attn_q": Q.F16, "attn_k": Q.BF16, "attn_v": Q.Q8_0,
-    "attn_output": Q.Q4_1, "ffn_gate": Q.Q8_0, "ffn_up": Q.F32, "ffn_down": Q.Q4_K,
+    "token_embd": Q.F16,
+    "attn_q": Q.F16,
+    "attn_k": Q.BF16,
+    "attn_v": Q.Q8_0,
+    "attn_output": Q.Q4_1,
+    "ffn_gate": Q.Q8_0,
+    "ffn_up": Q.F32,
+    "ffn_down": Q.Q4_K,
     "output": Q.Q8_0,
-}  # fmt: skip
+}
 
 
 # Vocabularies ------------------------------------------------------------------------
@@ -63,11 +76,8 @@ def byte_level_vocab(corpus=CORPUS, vocab_size=400):
     tokenizer.train_from_iterator(corpus, trainer)
     model = json.loads(tokenizer.to_str())["model"]
     tokens = sorted(model["vocab"], key=model["vocab"].get) + [USER_TOKEN]
-    types = [
-        TokenType.CONTROL if t in CONTROL_TOKENS else TokenType.USER_DEFINED if t == USER_TOKEN
-        else TokenType.NORMAL
-        for t in tokens
-    ]  # fmt: skip
+    kinds = {**dict.fromkeys(CONTROL_TOKENS, TokenType.CONTROL), USER_TOKEN: TokenType.USER_DEFINED}
+    types = [kinds.get(t, TokenType.NORMAL) for t in tokens]
     merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
     return dict(model="gpt2", tokens=tokens, types=types, merges=merges)
 
@@ -86,8 +96,10 @@ def sentencepiece_vocab():
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
     types += [TokenType.BYTE] * 256 + [TokenType.NORMAL] * len(pieces)
-    for token, kind in [*((t, TokenType.CONTROL) for t in CONTROL_TOKENS[1:]),
-                        (USER_TOKEN, TokenType.USER_DEFINED)]:  # fmt: skip
+    for token, kind in [
+        *((t, TokenType.CONTROL) for t in CONTROL_TOKENS[1:]),
+        (USER_TOKEN, TokenType.USER_DEFINED),
+    ]:
         tokens.append(token)
         scores.append(0.0)
         types.append(kind)
@@ -131,27 +143,52 @@ def _random_weights(arch, vocab_size, rng, tie):
         shapes["lm_head.weight"] = (vocab_size, d)
     for i in range(DIMS["layers"]):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-            p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
-            p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
-            p + "mlp.down_proj.weight": (d, f),
-        })  # fmt: skip
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (q, d),
+                p + "self_attn.k_proj.weight": (kv, d),
+                p + "self_attn.v_proj.weight": (kv, d),
+                p + "self_attn.o_proj.weight": (d, q),
+                p + "mlp.gate_proj.weight": (f, d),
+                p + "mlp.up_proj.weight": (f, d),
+                p + "mlp.down_proj.weight": (d, f),
+            }
+        )
         if arch == "qwen2":
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})  # fmt: skip
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
     return {
-        name: (1 + 0.2 * rng.standard_normal(shape) if name.endswith("norm.weight")
-               else 0.35 * rng.standard_normal(shape)).astype(np.float32)
+        name: (
+            1 + 0.2 * rng.standard_normal(shape)
+            if name.endswith("norm.weight")
+            else 0.35 * rng.standard_normal(shape)
+        ).astype(np.float32)
         for name, shape in shapes.items()
-    }  # fmt: skip
+    }
 
 
 def write_gguf(
-    path, arch, vocab, *, types=None, tie=True, pre=None, seed=0, rope=None, drop=(),
-    extra_tensors=(), eot=None, context=None,
-):  # fmt: skip
+    path,
+    arch,
+    vocab,
+    *,
+    types=None,
+    tie=True,
+    pre=None,
+    seed=0,
+    rope=None,
+    drop=(),
+    extra_tensors=(),
+    eot=None,
+    context=None,
+):
     """Writes a 2-layer model with ``vocab``'s tokenizer as llama.cpp's converter would.
 
     Args:

@@ -55,22 +55,21 @@ def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):
     a = result["analytic"]
     assert a["weight_bytes"] == weight_bytes
     assert a["kv_cache_bytes_per_sequence"] == kv_bytes == 4 * 2**30
-    assert a["bytes_per_token"] == (weight_bytes + 2 * kv_bytes) / 2
-    assert abs(a["time_floor_s_per_token"] - a["bytes_per_token"] / 819e9) < 1e-12
-    assert abs(a["max_tokens_per_s"] - 819e9 / a["bytes_per_token"]) < 1e-6
+    bytes_per_token = (weight_bytes + 2 * kv_bytes) / 2  # a batch of 2 shares the weights
+    assert a["bytes_per_token"] == bytes_per_token == 12_325_228_544
+    # At 819 GB/s: 12,325,228,544 / 819e9 = 15.05 ms per token, 66.45 tokens/s.
+    assert a["time_floor_s_per_token"] == pytest.approx(bytes_per_token / 819e9, rel=1e-12)
+    assert a["max_tokens_per_s"] == pytest.approx(819e9 / bytes_per_token, rel=1e-12)
 
 
 def test_bench_against_transformers_structure_and_agreement(capsys):
     """The comparison on the tiny config: both decode the same checkpoint to the same
     tokens, and each rate counts the tokens it decoded."""
-    result = bench.main(
-        [
-            "--configs", "", "--real-config", "", "--against", "transformers",
-            "--against-config", "tiny", "--batch-sizes", "1,2", "--new-tokens", "6",
-            "--prompt-len", "8", "--repeats", "1", "--bandwidth-mib", "64",
-            "--kernel-layouts", "out_in",
-        ]
-    )  # fmt: skip
+    flags = (
+        "--against transformers --against-config tiny --batch-sizes 1,2 --new-tokens 6 "
+        "--prompt-len 8 --repeats 1 --bandwidth-mib 64 --kernel-layouts out_in"
+    ).split()
+    result = bench.main(["--configs", "", "--real-config", "", *flags])
     comparison = result["against_transformers"]
     out = capsys.readouterr().out
     assert "| batch | lhc kernels, layers | lhc | transformers | ratio |" in out

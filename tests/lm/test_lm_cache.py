@@ -3,7 +3,6 @@ truncation in slots and in positions."""
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,17 +13,6 @@ from lhc.lm.cache import Cache, SlidingWindowKVCache, init_sliding_window_cache
 
 WINDOW = 5
 CONFIG = lm.LMConfig.tiny(sliding_window=WINDOW, max_len=64)
-
-
-def _params(config, seed=0):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(
-            rng.normal(size=leaf.shape) / np.sqrt(config.embed_dim), leaf.dtype
-        ),
-        abstract,
-    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -55,7 +43,7 @@ def test_protocol_is_runtime_checkable():
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_sliding_window_ring_equals_full_cache_and_numpy(numpy_lm, scan_layers):
     config = CONFIG.replace(scan_layers=scan_layers)
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     if scan_layers:
         params = lm.stack_layer_params(params, config.num_layers)
     batch, length, pad = 2, 30, 3
@@ -84,17 +72,17 @@ def test_sliding_window_ring_equals_full_cache_and_numpy(numpy_lm, scan_layers):
     assert ring.slots == 8 and ring.shape[3] == 8  # the ring never grew
     for b, first in ((0, 0), (1, pad)):
         expected = numpy_lm.forward(
-            CONFIG, _params(CONFIG), np.asarray(tokens[b, first:]), window=WINDOW
+            CONFIG, lm.random_params(CONFIG), np.asarray(tokens[b, first:]), window=WINDOW
         )
         np.testing.assert_allclose(ring_logits[b, first:], expected, atol=1e-4)
     # Without the window the logits differ: the test sees the mask.
-    unwindowed = numpy_lm.forward(CONFIG, _params(CONFIG), np.asarray(tokens[0]))
+    unwindowed = numpy_lm.forward(CONFIG, lm.random_params(CONFIG), np.asarray(tokens[0]))
     assert np.abs(unwindowed[WINDOW:] - ring_logits[0, WINDOW:]).max() > 1e-2
     np.testing.assert_array_equal(ring.next_positions(), full.next_positions())
 
 
 def test_ring_truncation_within_headroom_is_exact_beyond_it_is_refused(numpy_lm):
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     rng = np.random.default_rng(2)
     tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (1, 24)), jnp.int32)
     positions = jnp.arange(24, dtype=jnp.int32)[None]
@@ -133,7 +121,7 @@ def test_ring_truncation_within_headroom_is_exact_beyond_it_is_refused(numpy_lm)
 
 def test_truncate_at_position_with_left_padding():
     config = lm.LMConfig.tiny(max_len=32)
-    params = _params(config)
+    params = lm.random_params(config)
     tokens = jnp.ones((2, 8), jnp.int32)
     positions = jnp.array([[0, 1, 2, 3, 4, 5, 6, 7], [-1, -1, -1, 0, 1, 2, 3, 4]], jnp.int32)
     _, cache = _apply(config, params, tokens, positions, lm.init_cache(config, 2, 12))
@@ -164,7 +152,7 @@ def test_sliding_window_config_validation():
     full = lm.Transformer(lm.LMConfig.tiny())
     with pytest.raises(ValueError, match="needs a model whose layers all attend within a window"):
         full.apply(
-            {"params": _params(lm.LMConfig.tiny())},
+            {"params": lm.random_params(lm.LMConfig.tiny())},
             jnp.zeros((1, 1), jnp.int32),
             jnp.zeros((1, 1), jnp.int32),
             init_sliding_window_cache(lm.LMConfig.tiny(), 1, 4, 8),

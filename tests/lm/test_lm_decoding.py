@@ -13,17 +13,13 @@ import pytest
 from lhc import lm
 from lhc.lm import decoding
 
+from ..support import random_params
+
 CONFIG = lm.LMConfig.tiny(vocab_size=64, max_len=128)
 PROMPTS = [[5, 9, 1, 33, 2, 7], [12], [40, 41, 42]]
-
-
-def _params(config, seed=0):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    # Large weights make next-token distributions peaked and argmaxes unambiguous.
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * 0.5, leaf.dtype), abstract
-    )
+# Random weights this large make the next-token distributions peaked and the argmax
+# unambiguous.
+SCALE = 0.5
 
 
 @jax.jit
@@ -51,7 +47,7 @@ def _greedy_by_recomputation(params, sequences, steps):
 
 
 def test_chunked_prefill_and_decode_step_equal_generate():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     steps = 8
     want = _greedy_by_recomputation(params, PROMPTS, steps)
@@ -74,7 +70,7 @@ def test_chunked_prefill_and_decode_step_equal_generate():
 
 
 def test_generate_continues_from_a_cache():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     first = lm.generate(model, params, PROMPTS, max_new_tokens=5)
     tokens = np.asarray(first.tokens)
@@ -88,7 +84,7 @@ def test_generate_continues_from_a_cache():
 def test_step_hook_rewinds_the_cache_at_a_position():
     """A hook that, after the 4th token, forgets the 2nd and 3rd generated tokens (as a
     PENCIL reduction does) and feeds the pending 4th right after the 1st."""
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     prompt_lengths = jnp.asarray([len(p) for p in PROMPTS])
 
@@ -119,7 +115,7 @@ def test_sliding_window_model_decodes_past_its_ring():
     """Window 4: generate runs through a ring of window + 128 slots, far past it, and gives
     the tokens of a full cache under the window mask."""
     config = CONFIG.replace(sliding_window=4, max_len=512)
-    params = _params(config)
+    params = random_params(config, scale=SCALE)
     model = lm.Transformer(config)
     steps = 150
     ring = lm.generate(model, params, PROMPTS, max_new_tokens=steps)
@@ -131,7 +127,7 @@ def test_sliding_window_model_decodes_past_its_ring():
 
 
 def test_one_compile_serves_new_sampling_values_stop_tokens_and_nearby_widths():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     programs = decoding._generate_jit._cache_size  # compiled variants of the decode program
     rng = jax.random.key(0)
@@ -161,9 +157,8 @@ def test_one_compile_serves_new_sampling_values_stop_tokens_and_nearby_widths():
 
 
 def test_bucket_lengths():
-    assert [lm.bucket_length(n) for n in (1, 16, 17, 63, 65, 512, 513, 1000, 4097)] == [
-        16, 16, 32, 64, 128, 512, 576, 1024, 4608,
-    ]  # fmt: skip
+    lengths = (1, 16, 17, 63, 65, 512, 513, 1000, 4097)
+    assert [lm.bucket_length(n) for n in lengths] == [16, 16, 32, 64, 128, 512, 576, 1024, 4608]
     for n in range(1, 5000, 37):
         b = lm.bucket_length(n)
         assert n <= b <= max(16, int(n * 1.25) + 64)
@@ -217,11 +212,25 @@ def test_decode_loop_updates_the_cache_in_place(scan_layers, batch):
     model = lm.Transformer(config)
     width, cache_len = 16, 64
     lowered = decoding._generate_jit.lower(
-        model, params, jnp.zeros((batch, width), jnp.int32), jnp.full((batch,), width, jnp.int32),
-        jnp.zeros((batch,), jnp.int32), None, jax.random.key(0), lm.SamplingParams().as_arrays(),
-        jnp.full((4,), -1, jnp.int32), jnp.int32(0), jnp.int32(8), None, None,
-        buffer_len=16, cache_len=cache_len, prefill_chunk=512, step_hook=None, rules=None,
-    )  # fmt: skip
+        model,
+        params,
+        jnp.zeros((batch, width), jnp.int32),
+        jnp.full((batch,), width, jnp.int32),
+        jnp.zeros((batch,), jnp.int32),
+        None,
+        jax.random.key(0),
+        lm.SamplingParams().as_arrays(),
+        jnp.full((4,), -1, jnp.int32),
+        jnp.int32(0),
+        jnp.int32(8),
+        None,
+        None,
+        buffer_len=16,
+        cache_len=cache_len,
+        prefill_chunk=512,
+        step_hook=None,
+        rules=None,
+    )
     computations = _computations(lowered.compile().as_text())
     loops = _inside_loops(computations)
     assert loops, "no while loop in the compiled program"

@@ -2,7 +2,6 @@
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,17 +9,13 @@ import pytest
 
 from lhc import lm
 
+from ..support import random_params
+
 CONFIG = lm.LMConfig.tiny(vocab_size=64, max_len=64)
 WIDTH = 32  # fixed width of the reference forward passes: one compile
-
-
-def _params(config, seed=0):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    # Large weights make the next-token distributions peaked and the argmax unambiguous.
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * 0.5, leaf.dtype), abstract
-    )
+# Random weights this large make the next-token distributions peaked and the argmax
+# unambiguous.
+SCALE = 0.5
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -71,7 +66,7 @@ PROMPTS = [[5, 9, 1, 33, 2, 7], [12], [40, 41, 42]]
 
 
 def test_greedy_generation_matches_recomputation_and_padding_is_invisible():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     steps = 12
     out = lm.generate(model, params, PROMPTS, max_new_tokens=steps)
@@ -97,7 +92,7 @@ def test_greedy_generation_matches_recomputation_and_padding_is_invisible():
 
 
 def test_stop_tokens_end_each_sequence():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     steps = 10
     expected, _, _ = _reference_decode(CONFIG, params, PROMPTS, steps)
     # Stop on the token sequence 0 emits at step 3, unless it appears earlier elsewhere.
@@ -121,7 +116,7 @@ def test_stop_tokens_end_each_sequence():
 
 
 def test_sampled_tokens_come_from_the_processed_distribution():
-    params = _params(CONFIG, seed=1)
+    params = random_params(CONFIG, seed=1, scale=SCALE)
     steps = 8
     sampling = lm.SamplingParams(temperature=0.8, top_k=8, top_p=0.9)
     out = lm.generate(
@@ -161,7 +156,7 @@ def test_sampled_tokens_come_from_the_processed_distribution():
 
 
 def test_generate_validation():
-    params = _params(CONFIG)
+    params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     with pytest.raises(ValueError, match="exceeds the model's max_len 64"):
         lm.generate(model, params, [[1] * 60], max_new_tokens=5)

@@ -1,9 +1,6 @@
 """GGUF files: ``lhc.lm.gguf`` against transformers' GGUF loader, on small random files
 written the way llama.cpp's ``convert_hf_to_gguf.py`` writes them (``_gguf_files``)."""
 
-import pathlib
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +13,7 @@ from lhc.lm import gguf as lm_gguf
 from lhc.nn.rope import rope_frequencies
 from lhc.parallel.mesh import make_mesh
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # the file writer beside
-from _gguf_files import (  # noqa: E402
+from ._gguf_files import (
     DIMS,
     LLAMA_TYPES,
     QWEN2_TYPES,
@@ -26,8 +22,8 @@ from _gguf_files import (  # noqa: E402
     random_texts,
     write_gguf,
 )
-from _gguf_files import byte_level_vocab as _byte_level_vocab  # noqa: E402
-from _gguf_files import sentencepiece_vocab as _sentencepiece_vocab  # noqa: E402
+from ._gguf_files import byte_level_vocab as _byte_level_vocab
+from ._gguf_files import sentencepiece_vocab as _sentencepiece_vocab
 
 # Parity with transformers ------------------------------------------------------------
 
@@ -82,9 +78,13 @@ def test_logits_match_transformers(tmp_path, byte_level_vocab, arch):
 @pytest.mark.parity
 @pytest.mark.parametrize(
     "vocab_name,pre",
-    [("byte_level", "gpt-2"), ("byte_level", "llama-bpe"), ("byte_level", "qwen2"),
-     ("sentencepiece", None)],
-)  # fmt: skip
+    [
+        ("byte_level", "gpt-2"),
+        ("byte_level", "llama-bpe"),
+        ("byte_level", "qwen2"),
+        ("sentencepiece", None),
+    ],
+)
 def test_tokenizer_matches_transformers(tmp_path, request, vocab_name, pre):
     transformers = pytest.importorskip("transformers")
     vocab = request.getfixturevalue(f"{vocab_name}_vocab")
@@ -222,23 +222,30 @@ def test_errors_name_the_file_and_what_was_expected(
 
     int8 = np.zeros((DIMS["embed"], DIMS["embed"]), np.int8)
     odd = write_gguf(
-        tmp_path / "int8.gguf", "llama", sentencepiece_vocab,
+        tmp_path / "int8.gguf",
+        "llama",
+        sentencepiece_vocab,
         drop=("blk.0.attn_output.weight",),
         extra_tensors=[("blk.0.attn_output.weight", int8, Q.I8)],
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match="'blk.0.attn_output.weight' has ggml type I8"):
         lm_gguf.load(odd)
 
     partial = write_gguf(
-        tmp_path / "partial.gguf", "qwen2", sentencepiece_vocab,
+        tmp_path / "partial.gguf",
+        "qwen2",
+        sentencepiece_vocab,
         drop=("blk.1.ffn_down.weight", "blk.0.attn_k.bias"),
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=r"missing tensors \['blk.0.attn_k.bias', 'blk.1.ffn"):
         lm_gguf.load(partial)
 
     wrong = write_gguf(
-        tmp_path / "wrong.gguf", "llama", sentencepiece_vocab, drop=("output_norm.weight",),
+        tmp_path / "wrong.gguf",
+        "llama",
+        sentencepiece_vocab,
+        drop=("output_norm.weight",),
         extra_tensors=[("output_norm.weight", np.ones(8, np.float32), Q.F32)],
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match=r"wrong.gguf: .*'model.norm.weight' has shape \(8,\)"):
         lm_gguf.load(wrong)

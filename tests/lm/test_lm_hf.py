@@ -3,7 +3,6 @@
 import json
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -14,6 +13,8 @@ import safetensors.numpy
 from lhc import lm
 from lhc.lm import hf
 
+from ..support import random_params
+
 LLAMA3_ROPE = dict(
     rope_type="llama3",
     factor=8.0,
@@ -21,14 +22,6 @@ LLAMA3_ROPE = dict(
     high_freq_factor=4.0,
     original_max_position_embeddings=16,
 )
-
-
-def _random_params(config, seed=0, scale=0.5):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * scale, leaf.dtype), abstract
-    )
 
 
 def _assert_trees_equal(a, b):
@@ -42,7 +35,7 @@ def _assert_trees_equal(a, b):
 @pytest.mark.parametrize("qkv_bias,tie", [(False, False), (True, True)])
 def test_save_load_round_trip(tmp_path, qkv_bias, tie):
     config = lm.LMConfig.tiny(qkv_bias=qkv_bias, tie_embeddings=tie, rope_scaling=LLAMA3_ROPE)
-    params = _random_params(config)
+    params = random_params(config, scale=0.5)
     hf.save(config, params, tmp_path / "single")
     loaded_config, loaded = hf.load(tmp_path / "single")
     assert loaded_config == config
@@ -63,7 +56,7 @@ def test_save_load_round_trip(tmp_path, qkv_bias, tie):
 
 def test_scan_layout_is_stacked_on_the_host(tmp_path, monkeypatch):
     config = lm.LMConfig.tiny()
-    params = _random_params(config)
+    params = random_params(config, scale=0.5)
     hf.save(config, params, tmp_path)
 
     def device_stack(*args, **kwargs):
@@ -79,7 +72,7 @@ def test_scan_layout_is_stacked_on_the_host(tmp_path, monkeypatch):
 
 def test_load_reads_bfloat16_tensors(tmp_path):
     config = lm.LMConfig.tiny()
-    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _random_params(config))
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), random_params(config, scale=0.5))
     hf.save(config.replace(param_dtype="bfloat16"), params, tmp_path)
     with safetensors.safe_open(str(tmp_path / "model.safetensors"), "numpy") as f:
         assert f.get_tensor("model.norm.weight").dtype == ml_dtypes.bfloat16
@@ -144,7 +137,7 @@ def test_config_from_hf_rejects_unsupported(change, message):
 
 def test_load_errors_name_what_was_expected(tmp_path):
     config = lm.LMConfig.tiny()
-    hf.save(config, _random_params(config), tmp_path)
+    hf.save(config, random_params(config, scale=0.5), tmp_path)
     config_json = json.loads((tmp_path / "config.json").read_text())
 
     (tmp_path / "config.json").write_text(json.dumps({**config_json, "num_key_value_heads": 4}))
@@ -347,7 +340,7 @@ def test_saved_checkpoint_loads_in_transformers(tmp_path, qkv_bias):
         rope_scaling=None if qkv_bias else LLAMA3_ROPE,
         max_len=64,
     )
-    params = _random_params(config, seed=5)
+    params = random_params(config, seed=5, scale=0.5)
     hf.save(config, params, tmp_path, max_shard_bytes=None if qkv_bias else 10_000)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     expected_class = "Qwen2ForCausalLM" if qkv_bias else "LlamaForCausalLM"

@@ -1,6 +1,5 @@
 """Model inputs beyond token ids: input embeddings, interventions, last-column logits."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,17 +9,6 @@ from lhc import lm
 from lhc import nn as lnn
 
 CONFIG = lm.LMConfig.tiny(max_len=32)
-
-
-def _params(config, seed=0):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(
-            rng.normal(size=leaf.shape) / np.sqrt(config.embed_dim), leaf.dtype
-        ),
-        abstract,
-    )
 
 
 def _inputs(batch=2, length=9, seed=1):
@@ -41,7 +29,7 @@ def _apply(params, tokens, positions, embeddings=None, embedding_mask=None, inte
 
 
 def test_embeddings_of_the_tokens_give_the_same_logits():
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     tokens, positions = _inputs()
     table = params["embed"]["embedding"]
     want = _apply(params, tokens, positions)
@@ -66,7 +54,7 @@ def test_embeddings_of_the_tokens_give_the_same_logits():
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_interventions_against_numpy(numpy_lm, scan_layers):
     config = CONFIG.replace(scan_layers=scan_layers)
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     model_params = lm.stack_layer_params(params, 2) if scan_layers else params
     apply = jax.jit(
         lambda p, t, q, i: lm.Transformer(config).apply({"params": p}, t, q, intervention=i)[0]
@@ -110,7 +98,7 @@ def test_interventions_against_numpy(numpy_lm, scan_layers):
 
 
 def test_attention_output_is_sown_and_last_only_logits():
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     tokens, positions = _inputs()
     model = lm.Transformer(CONFIG)
     (logits, _), state = model.apply(
@@ -128,7 +116,7 @@ def test_attention_output_is_sown_and_last_only_logits():
 
 
 def test_input_and_intervention_errors():
-    params = _params(CONFIG)
+    params = lm.random_params(CONFIG)
     tokens, positions = _inputs()
     model = lm.Transformer(CONFIG)
     apply = lambda *a, **k: model.apply({"params": params}, *a, **k)

@@ -3,7 +3,6 @@ keys held per key/value head."""
 
 import dataclasses
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,25 +11,9 @@ import pytest
 from lhc import lm
 from lhc.nn.attention_ops import attention_segments
 
-from .conftest import inv_frequencies, rms_norm, rotate
+from ..support import inv_frequencies, random_params, rms_norm, rotate
 
 CONFIG = lm.LMConfig.tiny(num_layers=3)
-
-
-def _params(config, seed=0):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    leaves, tree = jax.tree_util.tree_flatten(abstract)
-    drawn = [
-        jnp.asarray(
-            1 + 0.2 * rng.normal(size=leaf.shape)
-            if leaf.ndim == 1
-            else rng.normal(size=leaf.shape) / np.sqrt(config.embed_dim),
-            leaf.dtype,
-        )
-        for leaf in leaves
-    ]
-    return jax.tree_util.tree_unflatten(tree, drawn)
 
 
 def _prefilled(model, params, tokens):
@@ -44,7 +27,7 @@ def _prefilled(model, params, tokens):
 @pytest.mark.parametrize("with_cache", [False, True])
 @pytest.mark.parametrize("start", [1, 2])
 def test_a_pass_from_a_middle_layer_equals_the_full_pass(with_cache, start):
-    model, params = lm.Transformer(CONFIG), _params(CONFIG)
+    model, params = lm.Transformer(CONFIG), random_params(CONFIG, norms=0.2)
     rng = np.random.default_rng(1)
     prefix = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (2, 5)), jnp.int32)
     tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (2, 4)), jnp.int32)
@@ -62,7 +45,7 @@ def test_a_pass_from_a_middle_layer_equals_the_full_pass(with_cache, start):
 
 def test_probed_attention_probabilities_match_a_numpy_reference():
     config = CONFIG
-    model, params = lm.Transformer(config), _params(config)
+    model, params = lm.Transformer(config), random_params(config, norms=0.2)
     rng = np.random.default_rng(2)
     sequence = rng.integers(0, config.vocab_size, 9)
     cache = _prefilled(model, params, jnp.asarray(sequence[None, :6], jnp.int32))[1]
@@ -82,8 +65,9 @@ def test_probed_attention_probabilities_match_a_numpy_reference():
 
     # Layer 0 in float64: RMS norm, projections, RoPE, causal softmax over the 9 tokens.
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
-    h = rms_norm(p["embed"]["embedding"][sequence], p["layers_0"]["attention_norm"]["scale"],
-                 config.norm_eps)  # fmt: skip
+    h = rms_norm(
+        p["embed"]["embedding"][sequence], p["layers_0"]["attention_norm"]["scale"], config.norm_eps
+    )
     freqs = inv_frequencies(config.head_dim, config.rope_theta)
     attention = p["layers_0"]["attention"]
     group = config.num_heads // config.num_kv_heads
@@ -135,7 +119,7 @@ def test_keys_held_per_head_attend_like_each_head_alone():
 
 
 def test_bad_start_layer_and_probe_are_refused():
-    model, params = lm.Transformer(CONFIG), _params(CONFIG)
+    model, params = lm.Transformer(CONFIG), random_params(CONFIG, norms=0.2)
     tokens = jnp.zeros((1, 3), jnp.int32)
     positions = jnp.arange(3, dtype=jnp.int32)[None]
     hidden = jnp.zeros((1, 3, CONFIG.embed_dim))
@@ -151,5 +135,9 @@ def test_bad_start_layer_and_probe_are_refused():
     scanned = dataclasses.replace(CONFIG, scan_layers=True)
     with pytest.raises(ValueError, match="scan_layers=False"):
         lm.Transformer(scanned).apply(
-            {"params": _params(scanned)}, None, positions, embeddings=hidden, start_layer=1
+            {"params": random_params(scanned, norms=0.2)},
+            None,
+            positions,
+            embeddings=hidden,
+            start_layer=1,
         )

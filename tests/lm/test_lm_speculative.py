@@ -8,7 +8,6 @@ computed from full forward passes of the target.
 
 import itertools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,16 +16,10 @@ import pytest
 from lhc import lm
 from lhc.lm.speculative import speculative_generate, verify_drafts
 
+from ..support import random_params
+
 TARGET = lm.LMConfig.tiny(vocab_size=64, max_len=64)
 DRAFT = lm.LMConfig.tiny(vocab_size=64, max_len=64, num_layers=1, embed_dim=16, mlp_dim=32)
-
-
-def _params(config, seed, scale=0.5):
-    abstract = nn.meta.unbox(lm.abstract_params(config))
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(
-        lambda leaf: jnp.asarray(rng.normal(size=leaf.shape) * scale, leaf.dtype), abstract
-    )
 
 
 def _perturbed(params, seed, scale):
@@ -84,10 +77,10 @@ PROMPTS = [[3, 9, 27, 17, 51, 25], [5], [60, 1, 2, 7], [11, 13]]
     ("draft_name", "num_draft"), [("random", 3), ("target", 4), ("perturbed", 2), ("perturbed", 5)]
 )
 def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     if draft_name == "random":
-        draft, draft_params = lm.Transformer(DRAFT), _params(DRAFT, 1)
+        draft, draft_params = lm.Transformer(DRAFT), random_params(DRAFT, 1, scale=0.5)
     elif draft_name == "target":
         draft, draft_params = target, target_params
     else:
@@ -95,9 +88,14 @@ def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
     steps = 12
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
     got = speculative_generate(
-        target, target_params, draft, draft_params, PROMPTS, max_new_tokens=steps,
+        target,
+        target_params,
+        draft,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=steps,
         num_draft=num_draft,
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.lengths), steps)
     rate = float(got.acceptance_rate)
@@ -111,7 +109,7 @@ def test_greedy_equals_greedy_generation_of_the_target(draft_name, num_draft):
 
 
 def test_stop_tokens_end_each_sequence_where_generate_does():
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     draft_params = _perturbed(target_params, 3, 0.1)
     free = lm.generate(target, target_params, PROMPTS, max_new_tokens=10)
@@ -119,9 +117,15 @@ def test_stop_tokens_end_each_sequence_where_generate_does():
     stop = int(np.asarray(free.tokens)[0, 4])
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=10, stop_tokens=[stop])
     got = speculative_generate(
-        target, target_params, target, draft_params, PROMPTS, max_new_tokens=10, num_draft=3,
+        target,
+        target_params,
+        target,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=10,
+        num_draft=3,
         stop_tokens=[stop],
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.lengths), np.asarray(want.lengths))
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert int(np.asarray(got.lengths)[0]) <= 5
@@ -134,7 +138,10 @@ def test_sampling_follows_the_target_joint_distribution():
     target_config = lm.LMConfig.tiny(vocab_size=vocab, max_len=16)
     draft_config = lm.LMConfig.tiny(vocab_size=vocab, max_len=16, num_layers=1)
     target, draft = lm.Transformer(target_config), lm.Transformer(draft_config)
-    target_params, draft_params = _params(target_config, 0, 0.3), _params(draft_config, 1, 0.3)
+    target_params, draft_params = (
+        random_params(target_config, scale=0.3),
+        random_params(draft_config, 1, scale=0.3),
+    )
     prompt = [1, 4, 2]
     sampling = lm.SamplingParams(temperature=temperature)
 
@@ -149,9 +156,16 @@ def test_sampling_follows_the_target_joint_distribution():
 
     want, draft_joint = joint(target_config, target_params), joint(draft_config, draft_params)
     out = speculative_generate(
-        target, target_params, draft, draft_params, [prompt] * rows, max_new_tokens=2,
-        num_draft=2, sampling=sampling, rng=jax.random.key(7),
-    )  # fmt: skip
+        target,
+        target_params,
+        draft,
+        draft_params,
+        [prompt] * rows,
+        max_new_tokens=2,
+        num_draft=2,
+        sampling=sampling,
+        rng=jax.random.key(7),
+    )
     tokens = np.asarray(out.tokens)
     counts = np.zeros((vocab, vocab))
     for a, b in itertools.product(range(vocab), repeat=2):
@@ -166,7 +180,7 @@ def test_sampling_follows_the_target_joint_distribution():
 
 def test_bad_arguments():
     target = lm.Transformer(TARGET)
-    params = _params(TARGET, 0)
+    params = random_params(TARGET, scale=0.5)
     other = lm.Transformer(lm.LMConfig.tiny(vocab_size=32, max_len=64))
     with pytest.raises(ValueError, match="draft vocab_size 32 differs"):
         speculative_generate(target, params, other, params, PROMPTS, max_new_tokens=4)
@@ -176,9 +190,14 @@ def test_bad_arguments():
         speculative_generate(target, params, target, params, PROMPTS, max_new_tokens=60)
     with pytest.raises(ValueError, match="rng is required"):
         speculative_generate(
-            target, params, target, params, PROMPTS, max_new_tokens=4,
+            target,
+            params,
+            target,
+            params,
+            PROMPTS,
+            max_new_tokens=4,
             sampling=lm.SamplingParams(temperature=1.0),
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="target_probs"):
         verify_drafts(
             jax.random.key(0),
@@ -194,29 +213,45 @@ def test_self_drafter_in_the_target_cache_and_a_drafter_with_its_own_prompt():
     decoding of the target unchanged."""
     from lhc.lm.speculative import ModelDrafter, SelfDrafter
 
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     steps = 12
     want = lm.generate(target, target_params, PROMPTS, max_new_tokens=steps)
     quantized_like = _perturbed(target_params, 6, 0.1)
     got = speculative_generate(
-        target, target_params, SelfDrafter(target), quantized_like, PROMPTS, max_new_tokens=steps,
+        target,
+        target_params,
+        SelfDrafter(target),
+        quantized_like,
+        PROMPTS,
+        max_new_tokens=steps,
         num_draft=3,
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert 0.0 < float(got.acceptance_rate) < 1.0
     # A drafter that sees only the last two prompt tokens.
     short = [p[-2:] for p in PROMPTS]
     got = speculative_generate(
-        target, target_params, ModelDrafter(target), target_params, PROMPTS, max_new_tokens=steps,
-        num_draft=3, draft_prompts=short,
-    )  # fmt: skip
+        target,
+        target_params,
+        ModelDrafter(target),
+        target_params,
+        PROMPTS,
+        max_new_tokens=steps,
+        num_draft=3,
+        draft_prompts=short,
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     with pytest.raises(ValueError, match="ending with the target prompt's last token"):
         speculative_generate(
-            target, target_params, target, target_params, PROMPTS, max_new_tokens=4,
+            target,
+            target_params,
+            target,
+            target_params,
+            PROMPTS,
+            max_new_tokens=4,
             draft_prompts=[[1], [2], [3], [4]],
-        )  # fmt: skip
+        )
 
 
 def test_a_verifier_variant_changes_only_what_it_overrides():
@@ -231,11 +266,20 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
             return target_probs, padded
 
     target, draft = lm.Transformer(TARGET), lm.Transformer(DRAFT)
-    target_params, draft_params = _params(TARGET, 0), _params(DRAFT, 1)
+    target_params, draft_params = (
+        random_params(TARGET, scale=0.5),
+        random_params(DRAFT, 1, scale=0.5),
+    )
     got = speculative_generate(
-        target, target_params, draft, draft_params, PROMPTS, max_new_tokens=8, num_draft=3,
+        target,
+        target_params,
+        draft,
+        draft_params,
+        PROMPTS,
+        max_new_tokens=8,
+        num_draft=3,
         verifier=AcceptAll(),
-    )  # fmt: skip
+    )
     assert float(got.acceptance_rate) == 1.0
     drafts_only = lm.generate(draft, draft_params, PROMPTS, max_new_tokens=8)
     # Rounds of 3 drafts and a bonus token from the target: columns 0-2, 4-6 are drafts.
@@ -246,7 +290,7 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
 def test_continuing_from_a_prefilled_target_cache():
     """A shared context prefilled once, the rest of each prompt appended by the loop: the
     same tokens as speculating on the whole prompts, and as greedy generation."""
-    target_params = _params(TARGET, 0)
+    target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     draft_params = _perturbed(target_params, 2, 0.1)
     context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
@@ -257,11 +301,26 @@ def test_continuing_from_a_prefilled_target_cache():
     positions = np.broadcast_to(np.arange(7), (2, 7))
     _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
     got = speculative_generate(
-        target, target_params, target, draft_params, questions, max_new_tokens=9, num_draft=3,
-        target_cache=cache, draft_prompts=whole,
-    )  # fmt: skip
+        target,
+        target_params,
+        target,
+        draft_params,
+        questions,
+        max_new_tokens=9,
+        num_draft=3,
+        target_cache=cache,
+        draft_prompts=whole,
+    )
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     assert 0.0 < float(got.acceptance_rate) < 1.0
     with pytest.raises(ValueError, match="free slots"):
-        speculative_generate(target, target_params, target, draft_params, questions,
-                             max_new_tokens=40, num_draft=3, target_cache=cache)  # fmt: skip
+        speculative_generate(
+            target,
+            target_params,
+            target,
+            draft_params,
+            questions,
+            max_new_tokens=40,
+            num_draft=3,
+            target_cache=cache,
+        )

@@ -12,8 +12,10 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from lhc import cli, lm
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +26,27 @@ def checkpoint_dir(tmp_path_factory):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        vocab_size=320,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator(["the capital of france is paris, ça va?"] * 40, trainer)
     tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "chat_template": TEMPLATE}))  # fmt: skip
-    config = lm.LMConfig(vocab_size=tokenizer.get_vocab_size(), num_layers=2, embed_dim=32,
-                         num_heads=4, num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=256)  # fmt: skip
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "chat_template": TEMPLATE}
+        )
+    )
+    config = lm.LMConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        num_layers=2,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        max_len=256,
+    )
     lm.hf.save(config, lm.init_params(config, jax.random.key(0)), path)
     return path
 
@@ -42,14 +56,22 @@ def test_streamed_text_is_the_decoded_generation(checkpoint_dir):
     assert ckpt.stop_tokens == (ckpt.tokenizer.eos_id,) and ckpt.config.dtype == "float32"
     prompts = ["the capital of", "ça"]
     pieces = {0: [], 1: []}
-    streamed = lm.generate_text(ckpt, prompts[:1], max_new_tokens=24,
-                                on_text=lambda row, text: pieces[row].append(text))  # fmt: skip
+    streamed = lm.generate_text(
+        ckpt, prompts[:1], max_new_tokens=24, on_text=lambda row, text: pieces[row].append(text)
+    )
     batch = lm.generate_text(ckpt, prompts, max_new_tokens=24)
-    out = lm.generate(ckpt.model, ckpt.params, [ckpt.tokenizer.encode(p) for p in prompts],
-                      max_new_tokens=24, stop_tokens=ckpt.stop_tokens)  # fmt: skip
+    out = lm.generate(
+        ckpt.model,
+        ckpt.params,
+        [ckpt.tokenizer.encode(p) for p in prompts],
+        max_new_tokens=24,
+        stop_tokens=ckpt.stop_tokens,
+    )
     tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    want = [ckpt.tokenizer.decode([t for t in row[:n] if t not in ckpt.stop_tokens])
-            for row, n in zip(tokens.tolist(), lengths.tolist())]  # fmt: skip
+    want = [
+        ckpt.tokenizer.decode([t for t in row[:n] if t not in ckpt.stop_tokens])
+        for row, n in zip(tokens.tolist(), lengths.tolist())
+    ]
     assert batch == want and streamed == want[:1]
     assert "".join(pieces[0]) == want[0] and len(pieces[0]) > 1 and not pieces[1]
 
@@ -83,12 +105,16 @@ def test_lhc_generate_streams_one_prompt_and_prints_a_batch(checkpoint_dir, tmp_
     [
         (["--checkpoint", "/no/such/model"], "lhc generate: checkpoint '/no/such/model': no such"),
         (["--checkpoint", "{dir}"], "lhc generate: give --prompt TEXT"),
-        (["--checkpoint", "{dir}", "--prompt", "x", "--chat", "--temperature", "-1"],
-         "lhc generate: temperature must be >= 0"),
-        (["--checkpoint", "{dir}", "--prompt", "x", "--max-new-tokens", "0"],
-         "lhc generate: --max-new-tokens must be >= 1, got 0"),
+        (
+            ["--checkpoint", "{dir}", "--prompt", "x", "--chat", "--temperature", "-1"],
+            "lhc generate: temperature must be >= 0",
+        ),
+        (
+            ["--checkpoint", "{dir}", "--prompt", "x", "--max-new-tokens", "0"],
+            "lhc generate: --max-new-tokens must be >= 1, got 0",
+        ),
     ],
-)  # fmt: skip
+)
 def test_lhc_generate_errors_are_one_line(checkpoint_dir, extra, message):
     extra = [arg.replace("{dir}", str(checkpoint_dir)) for arg in extra]
     if "--prompt" not in extra and "/no/such" in extra[1]:

@@ -94,7 +94,7 @@ CONVERSATIONS = [
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
         {"role": "user", "content": "and 3+3?"},
-    ],  # fmt: skip
+    ],
 ]
 
 
@@ -111,9 +111,11 @@ def test_chat_template_renders_as_transformers_does(tokenizer_dir, where):
     assert tok.chat_template == CHAT_TEMPLATE
     assert tok.special_tokens_map == {"bos_token": "<s>", "eos_token": "</s>"}
     reference = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(tokenizer_dir / "tokenizer.json"), bos_token="<s>", eos_token="</s>",
+        tokenizer_file=str(tokenizer_dir / "tokenizer.json"),
+        bos_token="<s>",
+        eos_token="</s>",
         chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
+    )
     for messages in CONVERSATIONS:
         for add_generation_prompt in (True, False):
             want = reference.apply_chat_template(

@@ -9,6 +9,8 @@ from flax import struct
 
 from lhc import nn as lnn
 
+from ..support import random_params
+
 
 def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None):
     """Loops over batch, head and query; numpy float64 (ALiBi biases with ``slopes``)."""
@@ -152,9 +154,13 @@ def test_attention_layer_cached_equals_uncached_and_params_are_named():
 
         def read(self, layers, layer, keys, values):
             return lnn.KVView(
-                layers[0][layer], layers[1][layer], self.old_positions, keys, values,
+                layers[0][layer],
+                layers[1][layer],
+                self.old_positions,
+                keys,
+                values,
                 self.new_positions,
-            )  # fmt: skip
+            )
 
         def write(self, layers, layer, keys, values, *, after):
             return tuple(
@@ -188,9 +194,8 @@ def test_registered_memory_efficient_impls_match_xla_in_the_model(impl):
     from lhc import lm
 
     config = lm.LMConfig.tiny(max_len=32, sliding_window=6)
-    abstract = nn.meta.unbox(lm.abstract_params(config))
+    params = random_params(config, scale=0.3)
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) * 0.3, x.dtype), abstract)
     tokens = jnp.asarray(rng.integers(0, 128, (2, 11)), jnp.int32)
     positions = jnp.array([list(range(11)), [-1] * 3 + list(range(8))], jnp.int32)
 

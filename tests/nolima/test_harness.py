@@ -23,9 +23,10 @@ def bpe_tokenizer(text_lines):
     tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["[UNK]", "<s>", "</s>"],
+        vocab_size=400,
+        special_tokens=["[UNK]", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+    )
     tokenizer.train_from_iterator(text_lines, trainer)
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
     return lm.tokenizers.HFTokenizer(tokenizer, bos_token="<s>", eos_token="</s>")
@@ -86,8 +87,13 @@ def test_distractor_and_multiple_choice_variants():
 def test_shuffled_haystack_filters_and_names(tmp_path):
     book = tmp_path / "book.txt"
     body = [f"Line {i} of the book, long enough to be kept as text here." for i in range(50)]
-    book.write_text("CHAPTER I\n" + "\n".join(body[:25]) + "\n\nshort\nCHAPTER II\n"
-                    + "\n".join(body[25:]) + "\nYuki walked to Brussels in the rain, said Olga.\n")  # fmt: skip
+    book.write_text(
+        "CHAPTER I\n"
+        + "\n".join(body[:25])
+        + "\n\nshort\nCHAPTER II\n"
+        + "\n".join(body[25:])
+        + "\nYuki walked to Brussels in the rain, said Olga.\n"
+    )
     out = nolima.shuffled_haystack([book], num_lines=120, snippet_chars=200, seed=1)
     assert len(out) == 120 and not any(
         line.startswith("CHAPTER") or line == "short" for line in out
@@ -116,8 +122,15 @@ def _records(scores):
     for pair, by_length in scores.items():
         for length, value in by_length.items():
             for i in range(4):
-                out.append({"pair": pair, "length": length, "question_type": pair[-6:],
-                            "depth": i / 3, "correct": i < round(4 * value)})  # fmt: skip
+                out.append(
+                    {
+                        "pair": pair,
+                        "length": length,
+                        "question_type": pair[-6:],
+                        "depth": i / 3,
+                        "correct": i < round(4 * value),
+                    }
+                )
     return out
 
 
@@ -165,9 +178,14 @@ def test_rouge1_precision_and_the_lhc_needle_set():
 
 
 def _entry(**change):
-    entry = {"id": "0102", "system_prompt": "S", "needle": "{CHAR} saw {1}.",
-             "questions": {"onehop": "Who went to {2}?"}, "character_set": ["Ann", "Bo"],
-             "tests": {"T1": {"input_args": ["the Atomium", "Brussels"]}}}  # fmt: skip
+    entry = {
+        "id": "0102",
+        "system_prompt": "S",
+        "needle": "{CHAR} saw {1}.",
+        "questions": {"onehop": "Who went to {2}?"},
+        "character_set": ["Ann", "Bo"],
+        "tests": {"T1": {"input_args": ["the Atomium", "Brussels"]}},
+    }
     entry.update(change)
     return {k: v for k, v in entry.items() if v is not None}
 
@@ -176,16 +194,30 @@ def _entry(**change):
     "entry, match",
     [
         (_entry(needle=None), r"entry 1 \(id '0102'\): missing field 'needle'"),
-        (_entry(needle="Someone saw {1}."), r"entry 1 \(id '0102'\): field 'needle' must be a string holding \{CHAR\}"),
+        (
+            _entry(needle="Someone saw {1}."),
+            r"entry 1 \(id '0102'\): field 'needle' must be a string holding \{CHAR\}",
+        ),
         (_entry(id="x1"), r"entry 1: field 'id' must be a string starting with 4 digits"),
-        (_entry(character_set=[]), r"\(id '0102'\): field 'character_set' must be a non-empty list"),
-        (_entry(tests={"T1": {"input_args": ["the Atomium"]}}),
-         r"\(id '0102'\), test 'T1': field 'questions.onehop' uses slot \{2\} but 'input_args' has 1"),
-        (_entry(tests={"T1": {"input_args": "Brussels"}}), r"test 'T1': field 'input_args' must be"),
-        (_entry(distractors={"twohop": "x {2}"}), r"field 'distractors' has question types \['twohop'\]"),
+        (
+            _entry(character_set=[]),
+            r"\(id '0102'\): field 'character_set' must be a non-empty list",
+        ),
+        (
+            _entry(tests={"T1": {"input_args": ["the Atomium"]}}),
+            r"\(id '0102'\), test 'T1': field 'questions.onehop' uses slot \{2\} but 'input_args' has 1",
+        ),
+        (
+            _entry(tests={"T1": {"input_args": "Brussels"}}),
+            r"test 'T1': field 'input_args' must be",
+        ),
+        (
+            _entry(distractors={"twohop": "x {2}"}),
+            r"field 'distractors' has question types \['twohop'\]",
+        ),
         (_entry(id="0101"), r"entry 1 \(id '0101'\): field 'id' repeats"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_needle_set_names_the_entry_and_field(tmp_path, entry, match):
     path = tmp_path / "needles.json"
     path.write_text(json.dumps([_entry(id="0101"), entry]))
@@ -215,22 +247,31 @@ def test_needle_set_round_trip_and_slot_filling(tmp_path):
 
 def test_chat_template_prompt_holds_the_context_tokens_exactly(tmp_path):
     tokenizer = lm.ByteTokenizer()
-    template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
-                "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")  # fmt: skip
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": template, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}))  # fmt: skip
+    template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": template, "bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+        )
+    )
     chat, specials = lm.chat_template_from(tmp_path)
     assert chat == template and specials == {"bos_token": "<s>", "eos_token": "</s>"}
     case = nolima.needle_cases(nolima.lhc_needle_set())[0]
-    fmt = nolima.PromptFormat(task_template="Read: {haystack} Q: {question}", chat_template=chat,
-                              special_tokens=specials)  # fmt: skip
+    fmt = nolima.PromptFormat(
+        task_template="Read: {haystack} Q: {question}", chat_template=chat, special_tokens=specials
+    )
     context = tokenizer.encode("a b c\n")
     got = nolima.prompt_tokens(tokenizer, fmt, case, context, case.question)
-    want = (f"<s><|system|>{case.system_prompt}<|end|><|user|>Read: a b c\n Q: {case.question}"
-            "<|end|><|assistant|>")  # fmt: skip
+    want = (
+        f"<s><|system|>{case.system_prompt}<|end|><|user|>Read: a b c\n Q: {case.question}"
+        "<|end|><|assistant|>"
+    )
     assert got == tokenizer.encode(want)
-    plain = nolima.prompt_tokens(tokenizer, nolima.PromptFormat(task_template="{haystack}|{question}"),
-                                 case, context, "Q?")  # fmt: skip
+    plain = nolima.prompt_tokens(
+        tokenizer, nolima.PromptFormat(task_template="{haystack}|{question}"), case, context, "Q?"
+    )
     assert plain == [tokenizer.bos_id, *tokenizer.encode("a b c\n|Q?")]
 
 
@@ -255,14 +296,23 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
     kwargs = dict(lengths=(250, 500), depths=(0.0, 0.5, 1.0), batch_size=4)
     path = tmp_path / "results.jsonl"
     with pytest.raises(KeyboardInterrupt):
-        nolima.evaluate(None, None, tokenizer, cases, haystacks, results_path=path,
-                        generate_fn=lambda p: answer(p, fail_after=3), **kwargs)  # fmt: skip
+        nolima.evaluate(
+            None,
+            None,
+            tokenizer,
+            cases,
+            haystacks,
+            results_path=path,
+            generate_fn=lambda p: answer(p, fail_after=3),
+            **kwargs,
+        )
     assert len(nolima.read_results(path)) == 12
     with open(path, "a") as handle:
         handle.write('{"key": "plain/250/0/0101/T0')  # a write cut short
     calls.clear()
-    resumed = nolima.evaluate(None, None, tokenizer, cases, haystacks, results_path=path,
-                              generate_fn=answer, **kwargs)  # fmt: skip
+    resumed = nolima.evaluate(
+        None, None, tokenizer, cases, haystacks, results_path=path, generate_fn=answer, **kwargs
+    )
     assert sum(calls) == 36 - 12
     fresh = nolima.evaluate(None, None, tokenizer, cases, haystacks, generate_fn=answer, **kwargs)
     assert resumed == fresh and len(nolima.read_results(path)) == 36
@@ -277,13 +327,26 @@ def test_evaluate_runs_a_protocol_model_batched():
     haystack = nolima.Haystack(lines(100), tokenizer)
     cases = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop",))[:2]
     fmt = nolima.PromptFormat(task_template="{haystack}Q: {question}\nA:")
-    records = nolima.evaluate(model, params, tokenizer, cases, [haystack], lengths=(250,),
-                              depths=(0.0, 1.0), fmt=fmt, batch_size=4, max_new_tokens=4)  # fmt: skip
+    records = nolima.evaluate(
+        model,
+        params,
+        tokenizer,
+        cases,
+        [haystack],
+        lengths=(250,),
+        depths=(0.0, 1.0),
+        fmt=fmt,
+        batch_size=4,
+        max_new_tokens=4,
+    )
     one = nolima.model_generate(model, params, max_new_tokens=4, stop_tokens=(tokenizer.eos_id,))
     for record, test in zip(records, nolima.make_tests(cases, 1, (250,), (0.0, 1.0))):
         prompt = nolima.build(test, haystack, tokenizer, fmt)["tokens"]
-        assert record["prompt_tokens"] == len(prompt) == 250 + len(tokenizer.encode(
-            f"Q: {test.case.question}\nA:")) + 1  # fmt: skip
+        assert (
+            record["prompt_tokens"]
+            == len(prompt)
+            == 250 + len(tokenizer.encode(f"Q: {test.case.question}\nA:")) + 1
+        )
         assert record["response"] == tokenizer.decode(one([prompt])[0])  # batched == alone
     with pytest.raises(ValueError, match="variant must be one of"):
         nolima.make_tests(cases, 1, (250,), (0.5,), variant="hard")

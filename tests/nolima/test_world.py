@@ -64,8 +64,11 @@ def test_the_world_as_a_needle_set_and_haystack():
     assert nolima.parse_needle_set(nolima.to_json(experiments)) == experiments
     cases = nolima.needle_cases(experiments)
     assert len(cases) == 2 * 18 * 3
-    literal = [nolima.rouge1_precision(c.question, c.needle.replace("{CHAR}", "Yuki"))
-               for c in cases if c.question_type != "direct"]  # fmt: skip
+    literal = [
+        nolima.rouge1_precision(c.question, c.needle.replace("{CHAR}", "Yuki"))
+        for c in cases
+        if c.question_type != "direct"
+    ]
     assert np.mean(literal) < 0.1
     lines = W.haystack_lines(400, decoy_regions=(2, 3), decoy_rate=0.2, seed=1)
     decoys = [line for line in lines if "lives" in line]
@@ -93,8 +96,8 @@ def test_world_task_batches_from_its_config():
 
 def test_bench_sweep_writes_resumable_results(tmp_path, capsys):
     results = tmp_path / "r.jsonl"
-    argv = ["--world", "--lengths", "250", "--depths", "2", "--pairs", "2", "--max-new-tokens", "2",
-            "--results", str(results), "--json", str(tmp_path / "s.json")]  # fmt: skip
+    flags = "--world --lengths 250 --depths 2 --pairs 2 --max-new-tokens 2"
+    argv = [*flags.split(), "--results", str(results), "--json", str(tmp_path / "s.json")]
     out = bench.main(argv)
     assert out["tests"] == 4 and len(nolima.read_results(results)) == 4
     again = bench.main(argv)
@@ -108,8 +111,10 @@ def test_bench_sweep_writes_resumable_results(tmp_path, capsys):
 
 
 def test_bench_throughput_runs_each_length_in_a_child_process(tmp_path, capsys):
-    argv = ["--world", "--throughput", "--lengths", "300", "--tests", "2", "--batch-size", "2",
-            "--max-new-tokens", "2", "--pairs", "2", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    flags = (
+        "--world --throughput --lengths 300 --tests 2 --batch-size 2 --max-new-tokens 2 --pairs 2"
+    )
+    argv = [*flags.split(), "--json", str(tmp_path / "t.json")]
     out = bench.main(argv)
     (row,) = out["rows"]
     assert (row["length"], row["tests"], row["batch_size"]) == (300, 2, 2)
@@ -135,14 +140,19 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, caps
     template, a needle-set file and a haystack text file (filtered and shuffled)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    book = [f"The {w} walked along the shore and said nothing for {i} hours." for i, w in
-            enumerate(["fisherman", "teacher", "sailor", "widow"] * 30)]  # fmt: skip
+    book = [
+        f"The {w} walked along the shore and said nothing for {i} hours."
+        for i, w in enumerate(["fisherman", "teacher", "sailor", "widow"] * 30)
+    ]
     book.append("Nobody in Brussels had heard of the Atomium before.")
     (tmp_path / "book.txt").write_text("\n".join(book))
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["[UNK]", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(book * 3, trainer)
     tokenizer.decoder = decoders.ByteLevel()
     model_dir = tmp_path / "model"
@@ -150,16 +160,20 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, caps
     lm.hf.save(config, lm.init_params(config, jax.random.key(0)), model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     chat = "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": chat}))  # fmt: skip
+    (model_dir / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": chat})
+    )
     needles = nolima.to_json(nolima.lhc_needle_set()[:1])
     (tmp_path / "needles.json").write_text(json.dumps(needles))
-    out = bench.main([
-        "--checkpoint", str(model_dir), "--dtype", "float32", "--needle-set",
-        str(tmp_path / "needles.json"), "--haystack", str(tmp_path / "book.txt"), "--filter",
-        "--shuffle", "200", "--lengths", "300", "--depths", "0.5", "--pairs", "3",
-        "--question-types", "onehop", "--max-new-tokens", "2", "--results", str(tmp_path / "r.jsonl"),
-    ])  # fmt: skip
+    flags = (
+        "--filter --shuffle 200 --lengths 300 --depths 0.5 --pairs 3 --question-types onehop "
+        "--max-new-tokens 2"
+    ).split()
+    out = bench.main(
+        ["--checkpoint", str(model_dir), "--dtype", "float32"]
+        + ["--needle-set", str(tmp_path / "needles.json"), "--haystack", str(tmp_path / "book.txt")]
+        + [*flags, "--results", str(tmp_path / "r.jsonl")]
+    )
     assert out["tests"] == 3 and out["pairs"] == 3
     records = nolima.read_results(tmp_path / "r.jsonl")
     assert all(r["prompt_tokens"] > 300 for r in records)  # context plus the chat around it

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +16,8 @@ from lhc.lm.sampling import SamplingParams
 from lhc.pencil import generation
 from lhc.pencil.reduction import reduce
 from lhc.pencil.tokenizer import PencilTokenizer
+
+from ..support import random_params
 
 TOKENIZER = PencilTokenizer(["a"])  # 8 ids: <UNK> a BOS EOP CALL SEP RETURN EOS
 CONFIG = lm.LMConfig.tiny(vocab_size=TOKENIZER.vocab_size, max_len=64)
@@ -33,15 +34,7 @@ BIAS = np.array([-1.0, 0.0, -3.0, -3.0, 1.0, 1.0, 1.0, -2.0])
 def _params(scale=SCALE):
     """Random weights, plus a constant feature in the embeddings (dimension 0) that
     the output projection turns into a per-token bias (``BIAS``)."""
-    abstract = nn.meta.unbox(lm.abstract_params(CONFIG))
-    rng = np.random.default_rng(0)
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: (
-            (1.0 if "scale" in jax.tree_util.keystr(path) else 0.0)
-            + rng.normal(size=leaf.shape) * scale
-        ),
-        abstract,
-    )
+    params = jax.tree.map(np.array, random_params(CONFIG, scale=scale, norms=scale))
     params["embed"]["embedding"][:, 0] = 3.0
     # A weaker context-dependent part of the logits, so that the bias shows.
     params["lm_head"]["kernel"] *= 0.2
@@ -52,10 +45,17 @@ def _params(scale=SCALE):
 
 def _run(fn, stop_tokens=(), max_new_tokens=48, **kwargs):
     return fn(
-        lm.Transformer(CONFIG), _params(), PROMPTS, TOKENIZER, max_new_tokens=max_new_tokens,
-        context_limit=LIMIT, sampling=SamplingParams(temperature=1.0), rng=jax.random.key(7),
-        stop_tokens=list(stop_tokens), **kwargs,
-    )  # fmt: skip
+        lm.Transformer(CONFIG),
+        _params(),
+        PROMPTS,
+        TOKENIZER,
+        max_new_tokens=max_new_tokens,
+        context_limit=LIMIT,
+        sampling=SamplingParams(temperature=1.0),
+        rng=jax.random.key(7),
+        stop_tokens=list(stop_tokens),
+        **kwargs,
+    )
 
 
 @functools.cache

@@ -107,11 +107,15 @@ def test_configs_train_and_evaluate_by_generation(tmp_path):
 
 def test_eval_result_metrics_and_table():
     result = EvalResult(
-        method="pencil", correct=np.array([True, False, True, True]),
-        trace_rates=np.array([1.0, 0.5, 1.0, 0.5]), max_context=np.array([100, 120, 90, 310]),
-        generated=np.array([400, 380, 420, 200]), finished=np.array([True, True, True, False]),
-        over_limit=np.array([False, False, False, True]), context_limit=300,
-    )  # fmt: skip
+        method="pencil",
+        correct=np.array([True, False, True, True]),
+        trace_rates=np.array([1.0, 0.5, 1.0, 0.5]),
+        max_context=np.array([100, 120, 90, 310]),
+        generated=np.array([400, 380, 420, 200]),
+        finished=np.array([True, True, True, False]),
+        over_limit=np.array([False, False, False, True]),
+        context_limit=300,
+    )
     metrics = result.metrics(prefix="eval/pencil/")
     assert metrics["eval/pencil/accuracy"] == 0.75 and metrics["eval/pencil/trace_rate"] == 0.75
     assert (

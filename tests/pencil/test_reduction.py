@@ -121,9 +121,15 @@ def test_tokenizer():
     assert tokenizer.eos_id == tokenizer.vocab_size - 1
     ids = tokenizer.encode("<|startoftext|> a ¬ b [CALL] [SEP] [RETURN] <|endofprompt|>")
     assert ids == [
-        tokenizer.bos_id, 1, 3, 2, tokenizer.call_id, tokenizer.sep_id, tokenizer.return_id,
+        tokenizer.bos_id,
+        1,
+        3,
+        2,
+        tokenizer.call_id,
+        tokenizer.sep_id,
+        tokenizer.return_id,
         tokenizer.end_of_prompt_id,
-    ]  # fmt: skip
+    ]
     assert tokenizer.decode([0, *ids, 0]) == (
         "<|startoftext|> a ¬ b [CALL] [SEP] [RETURN] <|endofprompt|>"
     )

@@ -13,8 +13,16 @@ from lhc.quantspec import dequantize, quantize
 from lhc.quantspec.cache import cutoff, init_cache, kv_bytes_per_token
 
 G = 4
-CONFIG = lm.LMConfig(vocab_size=64, num_layers=1, embed_dim=32, num_heads=4, num_kv_heads=2,
-                     head_dim=8, mlp_dim=64, max_len=128)  # fmt: skip
+CONFIG = lm.LMConfig(
+    vocab_size=64,
+    num_layers=1,
+    embed_dim=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    mlp_dim=64,
+    max_len=128,
+)
 MODEL = lm.Transformer(CONFIG)
 
 
@@ -72,9 +80,12 @@ def test_a_step_attends_to_the_dequantized_prefix_and_the_recent_tokens(params, 
     ref = lm.init_cache(CONFIG, 2, 64)
     ref_keys = ref.keys[0].at[:, :, :q].set(deq_k).at[:, :, q:n].set(keys[:, :, q:])
     ref_values = ref.values[0].at[:, :, :q].set(deq_v).at[:, :, q:n].set(values[:, :, q:])
-    ref = ref.replace(keys=(ref_keys,), values=(ref_values,),
-                      positions=ref.positions.at[:, :n].set(arange(0, n)),
-                      lengths=jnp.full((2,), n, jnp.int32))  # fmt: skip
+    ref = ref.replace(
+        keys=(ref_keys,),
+        values=(ref_values,),
+        positions=ref.positions.at[:, :n].set(arange(0, n)),
+        lengths=jnp.full((2,), n, jnp.int32),
+    )
     want, _ = MODEL.apply({"params": params}, prompt[:, n:], arange(n, n + 1), ref)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     plain, _ = MODEL.apply({"params": params}, prompt, arange(0, n + 1))
@@ -112,16 +123,30 @@ def test_after_flushes_and_rewinds_the_store_is_quantizing_from_scratch(params):
         qk = quantize(keys[:, :, :quantized], group_axis=2, group_size=G)
         qv = quantize(values[:, :, :quantized], group_axis=3, group_size=G)
         row = {name: np.asarray(x[0, b : b + 1]) for name, x in cache.store.items()}
-        for name, want in (("k_upper", qk.upper), ("k_lower", qk.lower), ("v_upper", qv.upper),
-                           ("v_lower", qv.lower), ("v_scale", qv.scale), ("v_min", qv.minimum)):  # fmt: skip
+        for name, want in (
+            ("k_upper", qk.upper),
+            ("k_lower", qk.lower),
+            ("v_upper", qv.upper),
+            ("v_lower", qv.lower),
+            ("v_scale", qv.scale),
+            ("v_min", qv.minimum),
+        ):
             np.testing.assert_array_equal(row[name][:, :, :quantized], want, err_msg=name)
         for name, want in (("k_scale", qk.scale), ("k_min", qk.minimum)):
             np.testing.assert_array_equal(row[name][:, :, : quantized // G], want, err_msg=name)
 
 
 def test_bytes_per_token_against_bfloat16():
-    config = lm.LMConfig(vocab_size=8, num_layers=2, embed_dim=256, num_heads=4, num_kv_heads=2,
-                         head_dim=128, mlp_dim=8, max_len=512)  # fmt: skip
+    config = lm.LMConfig(
+        vocab_size=8,
+        num_layers=2,
+        embed_dim=256,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=128,
+        mlp_dim=8,
+        max_len=512,
+    )
     sizes = kv_bytes_per_token(init_cache(config, 1, 512, group_size=128))
     assert sizes["bf16"] == 2 * 2 * 2 * 128 * 2  # K and V, 2 layers, 2 heads, 128 channels
     assert sizes["bits8"] / sizes["bf16"] <= 0.55 and sizes["bits4"] / sizes["bf16"] <= 0.30

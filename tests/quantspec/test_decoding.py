@@ -12,13 +12,22 @@ from lhc import lm, quantspec
 
 
 def _model(vocab, seed, max_len=256):
-    config = lm.LMConfig(vocab_size=vocab, num_layers=2, embed_dim=32, num_heads=4,
-                         num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=max_len)  # fmt: skip
+    config = lm.LMConfig(
+        vocab_size=vocab,
+        num_layers=2,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        max_len=max_len,
+    )
     model = lm.Transformer(config)
     one = jnp.zeros((1, 1), jnp.int32)
     params = model.init(jax.random.key(seed), one, one)["params"]
-    unboxed = jax.tree.map(lambda x: getattr(x, "value", x), params,
-                           is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
+    unboxed = jax.tree.map(
+        lambda x: getattr(x, "value", x), params, is_leaf=lambda x: hasattr(x, "value")
+    )
     return model, unboxed
 
 
@@ -27,10 +36,19 @@ def test_greedy_self_speculation_equals_plain_decoding_across_flushes():
     r = np.random.default_rng(0)
     prompts = [list(r.integers(0, 64, n)) for n in (13, 7, 20)]
     # G = 8: the buffer flushes a group every 8 tokens, 5 times in 40 new tokens.
-    plain = quantspec.generate(model, params, prompts, max_new_tokens=40, group_size=8,
-                               stop_tokens=(7,))  # fmt: skip
-    spec = quantspec.speculative_generate(model, params, prompts, gamma=4, max_new_tokens=40,
-                                          group_size=8, weight_group_size=8, stop_tokens=(7,))  # fmt: skip
+    plain = quantspec.generate(
+        model, params, prompts, max_new_tokens=40, group_size=8, stop_tokens=(7,)
+    )
+    spec = quantspec.speculative_generate(
+        model,
+        params,
+        prompts,
+        gamma=4,
+        max_new_tokens=40,
+        group_size=8,
+        weight_group_size=8,
+        stop_tokens=(7,),
+    )
     np.testing.assert_array_equal(spec.lengths, plain.lengths)
     for row, n in enumerate(np.asarray(plain.lengths)):
         np.testing.assert_array_equal(spec.tokens[row, :n], plain.tokens[row, :n])
@@ -50,8 +68,10 @@ def test_scanned_layers_speculate_as_looped_ones():
     stacked_draft = quantspec.quantize_params(stacked, group_size=8)
     for name in ("gate", "up", "down"):
         for field in ("codes", "scale"):
-            per_layer = [getattr(looped_draft[f"layers_{i}"]["mlp"][name]["kernel"], field)
-                         for i in range(model.config.num_layers)]  # fmt: skip
+            per_layer = [
+                getattr(looped_draft[f"layers_{i}"]["mlp"][name]["kernel"], field)
+                for i in range(model.config.num_layers)
+            ]
             np.testing.assert_array_equal(
                 getattr(stacked_draft["layers"]["mlp"][name]["kernel"], field), np.stack(per_layer)
             )
@@ -59,10 +79,12 @@ def test_scanned_layers_speculate_as_looped_ones():
     prompts = [list(r.integers(0, 64, n)) for n in (13, 7, 20)]
     kwargs = dict(max_new_tokens=40, group_size=8, stop_tokens=(7,))
     plain = quantspec.generate(model, params, prompts, **kwargs)
-    looped = quantspec.speculative_generate(model, params, prompts, gamma=4,
-                                            weight_group_size=8, **kwargs)  # fmt: skip
-    spec = quantspec.speculative_generate(scanned, stacked, prompts, gamma=4,
-                                          weight_group_size=8, **kwargs)  # fmt: skip
+    looped = quantspec.speculative_generate(
+        model, params, prompts, gamma=4, weight_group_size=8, **kwargs
+    )
+    spec = quantspec.speculative_generate(
+        scanned, stacked, prompts, gamma=4, weight_group_size=8, **kwargs
+    )
     np.testing.assert_array_equal(spec.lengths, plain.lengths)
     for row, n in enumerate(np.asarray(plain.lengths)):
         np.testing.assert_array_equal(spec.tokens[row, :n], plain.tokens[row, :n])
@@ -107,10 +129,16 @@ def test_sampled_self_speculation_follows_the_target_distribution():
     draft_joint = _exact_two_token_distribution(model, other, prompt, group)
     draft = quantspec.quantize_params(other, group_size=8)
     out = quantspec.speculative_generate(
-        model, params, [prompt] * 4000, gamma=2, max_new_tokens=2, group_size=group,
-        draft_params=draft, sampling=lm.SamplingParams(temperature=1.0),
+        model,
+        params,
+        [prompt] * 4000,
+        gamma=2,
+        max_new_tokens=2,
+        group_size=group,
+        draft_params=draft,
+        sampling=lm.SamplingParams(temperature=1.0),
         rng=jax.random.key(3),
-    )  # fmt: skip
+    )
     tokens = np.asarray(out.tokens)[:, :2]
     assert 0.05 < float(out.acceptance_rate) < 0.95
     assert _chi_square(tokens, joint) > 1e-3
@@ -121,7 +149,8 @@ def test_sampled_self_speculation_follows_the_target_distribution():
 def test_bad_input_is_a_clear_error():
     model, params = _model(64, 0)
     with pytest.raises(ValueError, match=r"gamma \+ 1 = 9 tokens .* headroom of group_size = 8"):
-        quantspec.speculative_generate(model, params, [[1, 2]], gamma=8, max_new_tokens=4,
-                                       group_size=8)  # fmt: skip
+        quantspec.speculative_generate(
+            model, params, [[1, 2]], gamma=8, max_new_tokens=4, group_size=8
+        )
     with pytest.raises(ValueError, match="group_size must be an int >= 2 dividing head_dim=8"):
         quantspec.generate(model, params, [[1, 2]], max_new_tokens=4, group_size=16)

@@ -8,18 +8,25 @@ import jax
 import pytest
 
 from lhc import lm
-from lhc.quantspec import bench, traffic
+from lhc.quantspec import bench
 from lhc.train.config import load_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_traffic_rows_through_the_command_line(tmp_path, capsys):
-    result = bench.main(["--configs", "llama-2-7b", "--contexts", "131072", "--gamma", "6",
-                         "--acceptance", "0.943", "--json", str(tmp_path / "out.json")])  # fmt: skip
+    flags = "--configs llama-2-7b --contexts 131072 --gamma 6 --acceptance 0.943"
+    result = bench.main([*flags.split(), "--json", str(tmp_path / "out.json")])
     (row,) = result["traffic"]
-    want = traffic.step_bytes(traffic.NAMED["llama-2-7b"], 131072)
-    assert row["ar_gb"] == want["ar"] / 1e9 and row["verify_gb"] == want["verify"] / 1e9
+    # Llama-2-7B: 32 layers, 32 heads (and K/V heads) of 128, 4096 wide, 11008 MLP, 32000
+    # vocabulary; linear weights P (the head included), K and V elements E per token.
+    p = 32 * (4096 * 128 * (2 * 32 + 2 * 32) + 3 * 4096 * 11008) + 4096 * 32000
+    e = 2 * 32 * 32 * 128
+    assert (p, e) == (6_607_077_376, 262_144)
+    # A plain step reads 16-bit weights and KV; the verify pass 16-bit weights, 8-bit KV
+    # with a 16-bit scale and minimum per group of 128.
+    assert row["ar_gb"] == pytest.approx((2 * p + 2 * e * 131072) / 1e9, rel=1e-12)
+    assert row["verify_gb"] == pytest.approx((2 * p + (1 + 4 / 128) * e * 131072) / 1e9, rel=1e-12)
     assert round(row["speedup_mlp"], 2) == 2.74 and round(row["speedup_all"], 2) == 3.05
     assert "| llama-2-7b | 131072 |" in capsys.readouterr().out
     assert json.loads((tmp_path / "out.json").read_text())["traffic"] == [row]
@@ -41,11 +48,20 @@ def test_model_sources():
 
 
 def test_measured_rows_on_a_tiny_model():
-    config = lm.LMConfig(vocab_size=259, num_layers=1, embed_dim=32, num_heads=2,
-                         num_kv_heads=2, head_dim=16, mlp_dim=64, max_len=256)  # fmt: skip
+    config = lm.LMConfig(
+        vocab_size=259,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=256,
+    )
     model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
-    (row,) = bench.measure(model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2,
-                           weights="mlp")  # fmt: skip
+    (row,) = bench.measure(
+        model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2, weights="mlp"
+    )
     assert row["same_tokens"] and 0 <= row["acceptance"] <= 1
     assert 1 <= row["tokens_per_round"] <= 3
     assert "| 40 |" in bench.measured_table([row])

@@ -64,16 +64,27 @@ def unpack_codes(q):
 
 
 def test_quantize_params_picks_the_mlp_or_every_projection():
-    config = lm.LMConfig(vocab_size=64, num_layers=2, embed_dim=32, num_heads=4,
-                         num_kv_heads=2, head_dim=8, mlp_dim=64, max_len=64)  # fmt: skip
+    config = lm.LMConfig(
+        vocab_size=64,
+        num_layers=2,
+        embed_dim=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        max_len=64,
+    )
     model = lm.Transformer(config)
     tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 64
     positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
     params = jax.tree.map(lambda x: x, model.init(jax.random.key(0), tokens, positions)["params"])
-    params = jax.tree.map(lambda x: getattr(x, "value", x), params,
-                          is_leaf=lambda x: hasattr(x, "value"))  # fmt: skip
-    for layers, quantized in (("mlp", {"gate", "up", "down"}),
-                              ("all", {"gate", "up", "down", "query", "key", "value", "out"})):  # fmt: skip
+    params = jax.tree.map(
+        lambda x: getattr(x, "value", x), params, is_leaf=lambda x: hasattr(x, "value")
+    )
+    for layers, quantized in (
+        ("mlp", {"gate", "up", "down"}),
+        ("all", {"gate", "up", "down", "query", "key", "value", "out"}),
+    ):
         q = quantize_params(params, group_size=8, layers=layers)
         found = {
             jax.tree_util.keystr(path).split("'")[-4]

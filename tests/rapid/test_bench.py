@@ -16,8 +16,9 @@ from lhc.rapid.bench import main
 
 def test_memory_estimate_of_llama_3_1_8b():
     config = lm.get_preset("llama3.1-8b")
-    got = memory_estimate(config, context_len=131_072, rag_len=5462, new_tokens=256, gamma=10,
-                          prefill_chunk=2048)  # fmt: skip
+    got = memory_estimate(
+        config, context_len=131_072, rag_len=5462, new_tokens=256, gamma=10, prefill_chunk=2048
+    )
     # bfloat16: 8,030,261,248 parameters; a cached token is K and V of 32 layers x 8 heads
     # x 128 channels x 2 bytes = 128 KiB.
     slot = 2 * 32 * 8 * 128 * 2
@@ -32,14 +33,16 @@ def test_memory_estimate_of_llama_3_1_8b():
     for name, value in want.items():
         assert got[name] == value, name
     assert got["total"] == sum(want.values())
-    flash = memory_estimate(config, context_len=131_072, rag_len=5462, new_tokens=256,
-                            attention_impl="flash")  # fmt: skip
+    flash = memory_estimate(
+        config, context_len=131_072, rag_len=5462, new_tokens=256, attention_impl="flash"
+    )
     assert flash["prefill_scores"] == 0 and flash["target_cache"] == want["target_cache"]
     assert round(got["target_cache"] / 2**30, 2) == 16.03
     # Upward speculation adds the drafter's weights and its own, deeper cache slots.
     small = lm.get_preset("llama3.2-1b")
-    upward = memory_estimate(small, config, context_len=1000, rag_len=100, new_tokens=10,
-                             gamma=4, batch_size=2)  # fmt: skip
+    upward = memory_estimate(
+        small, config, context_len=1000, rag_len=100, new_tokens=10, gamma=4, batch_size=2
+    )
     assert upward["draft_weights"] == 8_030_261_248 * 2
     assert upward["draft_cache"] == 2 * (100 + 15) * slot
 
@@ -48,8 +51,11 @@ def test_memory_estimate_of_llama_3_1_8b():
 def setup_files(tmp_path):
     tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     corpus = ["the grass is green and the sky is blue"] * 50 + ["the pass key is 12345"] * 20
     tokenizer.train_from_iterator(corpus, trainer)
     tokenizer.decoder = decoders.ByteLevel()
@@ -60,23 +66,33 @@ def setup_files(tmp_path):
     filler = "the grass is green and the sky is blue. " * 8
     with open(tmp_path / "data.jsonl", "w") as handle:
         for key in ("12345", "67890"):
-            example = dict(context=filler + f"the pass key is {key}. " + filler,
-                           question="what is the pass key?", answers=["no such answer"])  # fmt: skip
+            example = dict(
+                context=filler + f"the pass key is {key}. " + filler,
+                question="what is the pass key?",
+                answers=["no such answer"],
+            )
             handle.write(json.dumps(example) + "\n")
     return tmp_path
 
 
 def test_setup_runs_on_a_checkpoint(setup_files):
     flags = [
-        "--setup", "rapid_llama.py:llama3.1-8b", "--repeats", "1",
-        "--config.target=tiny", "--config.dtype=float32", "--config.contexts=(256,)",
+        "--setup",
+        "rapid_llama.py:llama3.1-8b",
+        "--repeats",
+        "1",
+        "--config.target=tiny",
+        "--config.dtype=float32",
+        "--config.contexts=(256,)",
         "--config.attention_impl=xla",
         f"--config.target_checkpoint={setup_files / 'model'}",
         f"--config.tokenizer={setup_files / 'tokenizer.json'}",
         f"--config.data={setup_files / 'data.jsonl'}",
-        "--config.retrieval.chunk_size=16", "--config.retrieval.min_budget=48",
-        "--config.decoding.new_tokens=4", "--config.decoding.gamma=2",
-    ]  # fmt: skip
+        "--config.retrieval.chunk_size=16",
+        "--config.retrieval.min_budget=48",
+        "--config.decoding.new_tokens=4",
+        "--config.decoding.gamma=2",
+    ]
     result = main(flags)
     assert [row["context"] for row in result["memory"]] == [256]
     rows = {row["method"]: row for row in result["measured"]}
@@ -107,9 +123,11 @@ def test_passkey_questions_and_scoring():
 
 def test_bench_on_a_random_model(tmp_path, capsys):
     path = tmp_path / "out.json"
-    results = main(["--context-lengths", "256", "--samples", "2", "--new-tokens", "4",
-                    "--gamma", "2", "--etas", "0", "--upward-etas", "0", "--chunk-size", "32",
-                    "--min-budget", "64", "--repeats", "1", "--json", str(path)])  # fmt: skip
+    flags = (
+        "--context-lengths 256 --samples 2 --new-tokens 4 --gamma 2 --etas 0 --upward-etas 0 "
+        "--chunk-size 32 --min-budget 64 --repeats 1"
+    ).split()
+    results = main([*flags, "--json", str(path)])
     rows = {row["method"]: row for row in results[256]}
     assert list(rows) == ["target", "rag", "rapid eta=0"]
     assert rows["target"]["speedup"] == 1.0  # the baseline against itself

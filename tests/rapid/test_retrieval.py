@@ -43,8 +43,9 @@ def test_bm25_scores_are_lucene_bm25():
     docs = [[f"t{x}" for x in rng.integers(0, 12, size=rng.integers(3, 20))] for _ in range(7)]
     query = ["t1", "t3", "t3", "t11", "unseen"]
     np.testing.assert_allclose(bm25_scores(docs, query), _lucene_bm25(docs, query), rtol=1e-5)
-    np.testing.assert_allclose(bm25_scores(docs, ["t2"], k1=0.9, b=0.3),
-                               _lucene_bm25(docs, ["t2"], 0.9, 0.3), rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        bm25_scores(docs, ["t2"], k1=0.9, b=0.3), _lucene_bm25(docs, ["t2"], 0.9, 0.3), rtol=1e-5
+    )
     assert not bm25_scores(docs, ["unseen"]).any()
 
 
@@ -61,8 +62,7 @@ def test_budget_rule():
 
 def test_chunks_by_count_and_at_boundaries():
     tokens = [1, 2, 0, 3, 4, 5, 6, 7, 0, 8, 9]
-    assert [c.tolist() for c in chunk_tokens(tokens, 4)] == [[1, 2, 0, 3], [4, 5, 6, 7],
-                                                             [0, 8, 9]]  # fmt: skip
+    assert [c.tolist() for c in chunk_tokens(tokens, 4)] == [[1, 2, 0, 3], [4, 5, 6, 7], [0, 8, 9]]
     # Each chunk ends after its window's last boundary token (0); none in the window:
     # a full chunk.
     want = [[1, 2, 0], [3, 4, 5, 6], [7, 0, 8, 9]]  # the last window reaches the end
@@ -94,8 +94,14 @@ def test_bm25_finds_the_needle_and_builds_the_prompt():
     question = tokenizer.encode(QUESTION)
     separator = tokenizer.encode("\n\n")
     config = RetrievalConfig(chunk_size=200, min_budget=700, ratio=24, threshold=0.5)
-    prompt = rag_prompt(context, question, config, terms=word_terms(tokenizer.decode),
-                        prefix=[257], separator=separator)  # fmt: skip
+    prompt = rag_prompt(
+        context,
+        question,
+        config,
+        terms=word_terms(tokenizer.decode),
+        prefix=[257],
+        separator=separator,
+    )
     chunks = chunk_tokens(context, 200)
     needle = 3000 // 200
     # Only the chunks holding the needle's words score above the threshold.
@@ -111,8 +117,12 @@ def test_bm25_finds_the_needle_and_builds_the_prompt():
     assert len(prompt.tokens) <= 700 + len(separator) * len(prompt.chunks)
     assert str(12345) in tokenizer.decode(prompt.tokens.tolist())
     # Without a threshold the budget fills up with the best remaining chunks.
-    loose = rag_prompt(context, question, RetrievalConfig(chunk_size=200, min_budget=700),
-                       terms=word_terms(tokenizer.decode))  # fmt: skip
+    loose = rag_prompt(
+        context,
+        question,
+        RetrievalConfig(chunk_size=200, min_budget=700),
+        terms=word_terms(tokenizer.decode),
+    )
     used = sum(chunks[c].size for c in loose.chunks)
     left_out = set(range(len(chunks))) - set(loose.chunks.tolist())
     assert used <= 700 - len(question) and needle in loose.chunks
@@ -122,8 +132,10 @@ def test_bm25_finds_the_needle_and_builds_the_prompt():
 def test_dense_retrieval_with_pooled_hidden_states():
     config = lm.LMConfig.tiny(vocab_size=32, max_len=64, tie_embeddings=True)
     model = lm.Transformer(config)
-    params = nn.meta.unbox(model.init(jax.random.key(0), np.zeros((1, 1), np.int32),
-                                      np.zeros((1, 1), np.int32))["params"])  # fmt: skip
+    variables = model.init(
+        jax.random.key(0), np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32)
+    )
+    params = nn.meta.unbox(variables["params"])
     embed = pooled_hidden_states(model, params, batch_size=2)
     rng = np.random.default_rng(0)
     sequences = [rng.integers(0, 32, size=n) for n in (5, 9, 3)]
@@ -133,14 +145,18 @@ def test_dense_retrieval_with_pooled_hidden_states():
     table = np.asarray(params["embed"]["embedding"])
     for sequence, pooled in list(zip(sequences, got))[:2]:  # the first is padded to 9
         logits, _ = model.apply({"params": params}, sequence[None], np.arange(sequence.size)[None])
-        np.testing.assert_allclose(pooled @ table.T, np.asarray(logits[0]).mean(0), rtol=1e-4,
-                                   atol=1e-4)  # fmt: skip
+        np.testing.assert_allclose(
+            pooled @ table.T, np.asarray(logits[0]).mean(0), rtol=1e-4, atol=1e-4
+        )
     # Dense retrieval ranks a chunk equal to the question first.
     context = np.concatenate([rng.integers(0, 32, size=16) for _ in range(4)])
     question = context[32:48]
-    prompt = rag_prompt(context, question,
-                        RetrievalConfig(chunk_size=16, method="dense", min_budget=32,
-                                        threshold=-1.0), embed=embed)  # fmt: skip
+    prompt = rag_prompt(
+        context,
+        question,
+        RetrievalConfig(chunk_size=16, method="dense", min_budget=32, threshold=-1.0),
+        embed=embed,
+    )
     assert int(np.argmax(prompt.scores)) == 2 and 2 in prompt.chunks
     np.testing.assert_allclose(prompt.scores[2], 1.0, atol=1e-5)
 

@@ -22,14 +22,23 @@ def _simplex(rng, shape):
     return probs / probs.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize(("eta", "temperature", "alpha"), [(0.0, 1.0, 0.1), (10.0, 0.5, 0.1),
-                                                          (40.0, 1.3, 0.0), (5.0, 1.0, 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("eta", "temperature", "alpha"),
+    [(0.0, 1.0, 0.1), (10.0, 0.5, 0.1), (40.0, 1.3, 0.0), (5.0, 1.0, 1.0)],
+)
 def test_transfer_logits_is_the_formula(eta, temperature, alpha):
     rng = np.random.default_rng(0)
     z = rng.normal(size=(2, 3, 11)) * 2
     q = _simplex(rng, (2, 3, 11))
-    got = np.asarray(transfer_logits(jnp.asarray(z, jnp.float32), jnp.asarray(q, jnp.float32),
-                                     eta=eta, temperature=temperature, alpha=alpha))  # fmt: skip
+    got = np.asarray(
+        transfer_logits(
+            jnp.asarray(z, jnp.float32),
+            jnp.asarray(q, jnp.float32),
+            eta=eta,
+            temperature=temperature,
+            alpha=alpha,
+        )
+    )
     want = z.copy()
     for index in np.ndindex(z.shape[:-1]):
         p = _softmax(z[index] / temperature)
@@ -72,8 +81,7 @@ def test_accept_and_residual_follow_the_rule(eta):
     vocab, samples = 5, 200_000
     z = rng.normal(size=(2, vocab)) * 1.5
     q = _simplex(rng, (1, vocab))
-    drafts, accepted, next_token = _verify_many(RapidSampling(eta=eta, alpha=0.1), z, q,
-                                                samples, 3)  # fmt: skip
+    drafts, accepted, next_token = _verify_many(RapidSampling(eta=eta, alpha=0.1), z, q, samples, 3)
     p = _softmax(z[0])
     protected = q[0] >= 0.1 * q[0].max()
     p_hat = _softmax(np.where(protected, z[0] + eta * (q[0] - p), z[0]))

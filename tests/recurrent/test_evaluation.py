@@ -14,9 +14,15 @@ from lhc.recurrent.evaluation import (
 )
 
 CONFIG = LMConfig(
-    vocab_size=37, num_layers=2, embed_dim=32, num_heads=2, num_kv_heads=1, head_dim=16,
-    mlp_dim=64, max_len=64,
-)  # fmt: skip
+    vocab_size=37,
+    num_layers=2,
+    embed_dim=32,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+    mlp_dim=64,
+    max_len=64,
+)
 MODEL = Transformer(CONFIG)
 
 
@@ -58,9 +64,13 @@ def test_loss_by_position_through_the_cache_equals_one_full_forward(tmp_path):
         bucket_means(got, [0, 10, 39]), [want[:, :10].mean(), want[:, 10:].mean()], rtol=1e-4
     )
     plot_curves(
-        str(tmp_path / "ppl.png"), np.arange(39), {"model": np.exp(got.mean(0))},
-        xlabel="position", ylabel="perplexity", title="perplexity by position",
-    )  # fmt: skip
+        str(tmp_path / "ppl.png"),
+        np.arange(39),
+        {"model": np.exp(got.mean(0))},
+        xlabel="position",
+        ylabel="perplexity",
+        title="perplexity by position",
+    )
     assert (tmp_path / "ppl.png").stat().st_size > 1000
     with pytest.raises(ValueError, match=r"tokens must be \[B, T\] with T >= 2"):
         loss_by_position(MODEL, params, tokens[:, :1])

@@ -28,7 +28,7 @@ MODELS = {
             chunk_size=4,
             rollback=5,
             max_len=128,
-        )  # fmt: skip
+        )
     ),
     "gla": GLALM(
         GLAConfig(
@@ -43,7 +43,7 @@ MODELS = {
             chunk_size=4,
             rollback=5,
             max_len=128,
-        )  # fmt: skip
+        )
     ),
 }
 PROMPTS = [[3, 9, 27, 17, 5, 25, 1, 30, 2], [5], [40, 1, 2, 7], [11, 13]]
@@ -108,8 +108,12 @@ def test_padding_anywhere_leaves_the_state_alone(model):
     logits2, _ = apply(model, params, tokens[:, 6:], positions[:, 6:], cache)
     got = jnp.concatenate([logits, logits2], 1)[0, np.array(layout) >= 0]
     np.testing.assert_allclose(got, want[0], rtol=2e-4, atol=2e-4)
-    np.testing.assert_allclose(full_logits(model, params, tokens, positions)[0, np.array(layout) >= 0], want[0],
-                               rtol=2e-4, atol=2e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        full_logits(model, params, tokens, positions)[0, np.array(layout) >= 0],
+        want[0],
+        rtol=2e-4,
+        atol=2e-4,
+    )
 
 
 def test_truncation_within_the_rollback_equals_recomputation(model):
@@ -123,8 +127,12 @@ def test_truncation_within_the_rollback_equals_recomputation(model):
     for keep in (12, 10, 7):  # 0, 2 and 5 tokens back
         logits, _ = apply(model, params, other, arange(2, keep, keep + 2), cache.truncate(keep))
         sequence = jnp.concatenate([tokens[:, :keep], other], axis=1)
-        np.testing.assert_allclose(logits, full_logits(model, params, sequence, arange(2, 0, keep + 2))[:, keep:],
-                                   rtol=2e-4, atol=2e-4)  # fmt: skip
+        np.testing.assert_allclose(
+            logits,
+            full_logits(model, params, sequence, arange(2, 0, keep + 2))[:, keep:],
+            rtol=2e-4,
+            atol=2e-4,
+        )
     np.testing.assert_array_equal(cache.truncate_at_position(jnp.array([9, 11])).lengths, [9, 11])
     logits, _ = apply(model, params, other, arange(2, 6, 8), cache.truncate(6))  # 6 back: gone
     assert np.isnan(np.asarray(logits)).all()
@@ -153,9 +161,14 @@ def test_generation_and_speculative_decoding_equal_greedy_recomputation(model):
     np.testing.assert_array_equal(out.tokens, want)
     noise = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(5), x.shape), params)
     spec = speculative_generate(
-        model, params, ModelDrafter(model, refeed=True), noise, PROMPTS, max_new_tokens=8,
+        model,
+        params,
+        ModelDrafter(model, refeed=True),
+        noise,
+        PROMPTS,
+        max_new_tokens=8,
         num_draft=3,
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(spec.tokens, want)
 
 

@@ -19,13 +19,20 @@ def test_passkey_config_trains_and_evaluates(tmp_path, model):
     config = config_lib.load_config(
         f"configs/recurrent_passkey.py:tiny,model={model},runlocal",
         [
-            "num_steps=2", "batch_size=2", "data.length=128", "progress_bar=False",
-            "eval_batches=1", "tensorboard=False", "model.num_layers=1",
-            "passkey_eval.lengths=(160,)", "passkey_eval.depths=(0.5,)",
-            "passkey_eval.samples=2", "passkey_eval.batch_size=2",
+            "num_steps=2",
+            "batch_size=2",
+            "data.length=128",
+            "progress_bar=False",
+            "eval_batches=1",
+            "tensorboard=False",
+            "model.num_layers=1",
+            "passkey_eval.lengths=(160,)",
+            "passkey_eval.depths=(0.5,)",
+            "passkey_eval.samples=2",
+            "passkey_eval.batch_size=2",
             "passkey_eval.prefill_chunk=64",
         ],
-    )  # fmt: skip
+    )
     summary = train_and_evaluate(config, str(tmp_path / "run"))
     assert 0 <= summary["eval/accuracy"] <= 1
     assert 0 <= summary["passkey/accuracy/160/0.5"] <= 1
@@ -35,8 +42,15 @@ def test_passkey_config_trains_and_evaluates(tmp_path, model):
 def test_a_zero_state_run_resumes_with_each_intervention(tmp_path):
     """Post-training as the experiment does it: the zero-state run's workdir resumed with
     another kind, its carry (final states and moments) restored from the checkpoint."""
-    common = ["batch_size=2", "data.length=112", "progress_bar=False", "eval_batches=1",
-              "tensorboard=False", "model.num_layers=1", "log_every=1"]  # fmt: skip
+    common = [
+        "batch_size=2",
+        "data.length=112",
+        "progress_bar=False",
+        "eval_batches=1",
+        "tensorboard=False",
+        "model.num_layers=1",
+        "log_every=1",
+    ]
     for steps, init in enumerate(["zero", "fitted", "passing", "tbtt"], start=2):
         config = config_lib.load_config(
             f"configs/recurrent_passkey.py:tiny,init={init},chunks=2,runlocal",
@@ -55,9 +69,14 @@ def test_an_unknown_model_field_is_a_clear_error():
 def _task(init, *overrides):
     config = config_lib.load_config(
         f"configs/recurrent_passkey.py:tiny,model=mamba2,init={init},runlocal",
-        ["batch_size=2", "data.length=112", "model.num_layers=1", "model.chunk_size=16",
-         *overrides],
-    )  # fmt: skip
+        [
+            "batch_size=2",
+            "data.length=112",
+            "model.num_layers=1",
+            "model.chunk_size=16",
+            *overrides,
+        ],
+    )
     return build_experiment(config).task
 
 
@@ -121,8 +140,9 @@ def test_tbtt_carries_the_state_through_a_document_and_resets_at_the_next(zero_t
     batches = task.train_iterator(0, 1)
     chunks = [next(batches) for _ in range(4)]  # one document of 3 chunks, then the next
     assert [bool(c["reset"].all()) for c in chunks] == [True, False, False, True]
-    document = {k: np.concatenate([c[k] for c in chunks[:3]], axis=1) for k in chunks[0]
-                if k != "reset"}  # fmt: skip
+    document = {
+        k: np.concatenate([c[k] for c in chunks[:3]], axis=1) for k in chunks[0] if k != "reset"
+    }
     assert document["weights"][:, -5:].all() and not document["weights"][:, :-5].any()
     logits, final = _forward(task, params, document["tokens"])
     carry = nn.unbox(task.init_carry(2))
@@ -149,10 +169,12 @@ def test_zero_steps_record_moments_that_fitted_noise_draws_from(zero_task):
     ssm = np.asarray(final["ssm"], np.float64)  # [L, B, H, P, N]
     moments = carry["moments"]
     np.testing.assert_allclose(moments["weight"], 0.01, rtol=1e-6)  # 1 - fit_decay
-    np.testing.assert_allclose(moments["ssm"]["mean"] / 0.01, ssm.mean(axis=(1, 3, 4)), rtol=1e-4,
-                               atol=1e-7)  # fmt: skip
-    np.testing.assert_allclose(moments["ssm"]["square"] / 0.01, (ssm**2).mean(axis=(1, 3, 4)),
-                               rtol=1e-4, atol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(
+        moments["ssm"]["mean"] / 0.01, ssm.mean(axis=(1, 3, 4)), rtol=1e-4, atol=1e-7
+    )
+    np.testing.assert_allclose(
+        moments["ssm"]["square"] / 0.01, (ssm**2).mean(axis=(1, 3, 4)), rtol=1e-4, atol=1e-9
+    )
     # Fitted states from given moments: mean and std per layer and head.
     mean, std = np.array([[0.5, -1.0]]), np.array([[2.0, 0.1]])
     given = {"weight": 0.5, "ssm": {"mean": 0.5 * mean, "square": 0.5 * (std**2 + mean**2)}}

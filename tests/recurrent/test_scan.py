@@ -102,8 +102,9 @@ def test_steps_equal_the_recurrence():
     a = ssd_inputs(1)
     y, final = scan_with(
         lambda x, dt, B, C, s: ssd_step(x, dt, a["A"], B, C, s),
-        (a["x"], a["dt"], a["B"], a["C"]), a["h0"],
-    )  # fmt: skip
+        (a["x"], a["dt"], a["B"], a["C"]),
+        a["h0"],
+    )
     y_ref, final_ref = ssd_reference(a["x"], a["dt"], a["A"], a["B"], a["C"], a["h0"])
     np.testing.assert_allclose(y, y_ref, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(final, final_ref, rtol=2e-4, atol=2e-4)

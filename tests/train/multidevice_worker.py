@@ -63,9 +63,10 @@ def layouts(config):
     ):
         key = jax.tree_util.keystr(path)
         rows[key] = dict(
-            names=names[key], shape=list(leaf.shape),
+            names=names[key],
+            shape=list(leaf.shape),
             shard=list(leaf.addressable_shards[0].data.shape),
-        )  # fmt: skip
+        )
     return {"mesh": dict(exp.mesh.shape), "rules": [list(r) for r in exp.rules], "leaves": rows}
 
 

@@ -35,8 +35,16 @@ OVERRIDES = [
 
 def _command(workdir, *extra):
     lhc = pathlib.Path(sys.executable).parent / "lhc"
-    return [str(lhc), "train", "--config", CONFIG + ":tiny", "--workdir", str(workdir),
-            *OVERRIDES, *extra]  # fmt: skip
+    return [
+        str(lhc),
+        "train",
+        "--config",
+        CONFIG + ":tiny",
+        "--workdir",
+        str(workdir),
+        *OVERRIDES,
+        *extra,
+    ]
 
 
 def _env(cache_dir=None):
@@ -152,9 +160,12 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, straig
 
 def test_diverging_run_fails_cleanly(tmp_path):
     diverge = [
-        "--config.num_steps=20", "--config.checkpoint_every=3", "--config.log_every=50",
-        "--config.optimizer.learning_rate=1e6", "--config.optimizer.grad_clip_norm=0",
-    ]  # fmt: skip
+        "--config.num_steps=20",
+        "--config.checkpoint_every=3",
+        "--config.log_every=50",
+        "--config.optimizer.learning_rate=1e6",
+        "--config.optimizer.grad_clip_norm=0",
+    ]
     proc = subprocess.run(
         _command(tmp_path, *diverge), env=_env(), capture_output=True, text=True, timeout=300
     )

@@ -10,8 +10,9 @@ from lhc.train import config as config_lib
 
 
 def _task(overrides, name="rapid_passkey.py"):
-    config = config_lib.load_config(f"configs/{name}:tiny,runlocal",
-                                    ["batch_size=6", "data.length=200", *overrides])  # fmt: skip
+    config = config_lib.load_config(
+        f"configs/{name}:tiny,runlocal", ["batch_size=6", "data.length=200", *overrides]
+    )
     return build_experiment(config).task
 
 
@@ -40,8 +41,9 @@ def test_lengths_vary_and_padding_weighs_nothing():
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
     mask = batch["lm_weights"]
-    np.testing.assert_allclose(float(metrics["lm_loss"]), (nll * mask).sum() / mask.sum(),
-                               rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        float(metrics["lm_loss"]), (nll * mask).sum() / mask.sum(), rtol=1e-5
+    )
 
 
 def test_without_min_length_every_sequence_is_full():

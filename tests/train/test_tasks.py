@@ -207,7 +207,8 @@ def test_the_carry_goes_from_step_to_step_and_survives_a_resume(tmp_path):
     assert summary["train/carried_steps"] == 2
     assert summary["train/carried_total"] == totals[1]
     # Resumed to step 4: the carry comes back from the checkpoint, not from init_carry.
-    summary = train.train_and_evaluate(_config(f"task={FIXTURES}:CarryingTask", "num_steps=4"),
-                                       str(tmp_path))  # fmt: skip
+    summary = train.train_and_evaluate(
+        _config(f"task={FIXTURES}:CarryingTask", "num_steps=4"), str(tmp_path)
+    )
     assert summary["train/carried_steps"] == 4
     assert summary["train/carried_total"] == totals[3]
