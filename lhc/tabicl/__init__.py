@@ -1,9 +1,10 @@
 """TabICL (ICML 2025): tabular in-context learning in JAX/Flax.
 
 The network (``TabICL``, ``TabICLConfig``), official checkpoints (``load_checkpoint``,
-Orbax conversion), memory-bounded inference (``predict_logits``), the scikit-learn
-classifier (``TabICLClassifier``), and the synthetic prior (``PriorConfig``,
-``sample_batch``, the curriculum) that the ``tabicl_pretrain`` task trains on.
+Orbax conversion), memory-bounded inference (``predict_logits`` in ``inference``, driving
+the jitted stages of ``chunked``), the scikit-learn classifier (``TabICLClassifier``),
+and the synthetic prior (``PriorConfig``, ``sample_batch``, the curriculum) that the
+``tabicl_pretrain`` task trains on.
 """
 
 from lhc.tabicl import _extra  # noqa: F401  (scikit-learn, or an error naming the extra)

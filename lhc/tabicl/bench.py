@@ -30,18 +30,12 @@ IMPLEMENTATIONS = ("reference", "lhc")
 
 def _parser() -> argparse.ArgumentParser:
     parser = bench.parser("tabicl", __doc__)
-    parser.add_argument(
-        "--sizes",
-        type=bench.int_list,
-        default=list(DEFAULT_SIZES),
-        help="training rows, comma-separated (default 1000,10000,50000)",
-    )
-    parser.add_argument(
-        "--n-estimators",
-        type=bench.int_list,
-        default=list(DEFAULT_ESTIMATORS),
-        help="ensemble sizes, comma-separated (default 1,8)",
-    )
+    for flag, default, what in (
+        ("--sizes", DEFAULT_SIZES, "training rows"),
+        ("--n-estimators", DEFAULT_ESTIMATORS, "ensemble sizes"),
+    ):
+        text = f"{what}, comma-separated (default {','.join(map(str, default))})"
+        parser.add_argument(flag, type=bench.int_list, default=list(default), help=text)
     parser.add_argument("--test-rows", type=int, default=1000)
     parser.add_argument("--features", type=int, default=20)
     parser.add_argument("--classes", type=int, default=5)

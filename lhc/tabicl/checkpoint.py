@@ -97,6 +97,16 @@ def _rope_inverse_frequencies(config: TabICLConfig) -> np.ndarray:
     return np.float32(1.0) / (np.float32(config.row_rope_base) ** exponents)
 
 
+def _refuse_keys(keys: list[str], shapes: Mapping, what: str, shape_name: str, label: str):
+    """A ValueError when there are ``keys``: ``what`` is wrong with the state dict, the
+    first key with its shape (``shapes``), and up to 8 of them as ``label``."""
+    if keys:
+        raise ValueError(
+            f"checkpoint state_dict {what}, first {keys[0]!r} ({shape_name} "
+            f"{shapes[keys[0]]}); {label}: {keys[:8]}"
+        )
+
+
 def state_dict_to_params(config: TabICLConfig, state_dict: Mapping[str, Any]) -> dict:
     """Converts a reference state dict (numpy or torch tensors) to lhc's parameter tree.
 
@@ -109,19 +119,12 @@ def state_dict_to_params(config: TabICLConfig, state_dict: Mapping[str, Any]) ->
     expected = expected_state_dict_shapes(config)
     found = {key: _to_numpy(key, value) for key, value in state_dict.items()}
     missing = [key for key in expected if key not in found]
-    if missing:
-        raise ValueError(
-            f"checkpoint state_dict is missing {len(missing)} tensor(s) the config needs, "
-            f"first {missing[0]!r} (expected shape {expected[missing[0]]}); missing: "
-            f"{missing[:8]}"
-        )
+    what = f"is missing {len(missing)} tensor(s) the config needs"
+    _refuse_keys(missing, expected, what, "expected shape", "missing")
     unexpected = [key for key in found if key not in expected]
-    if unexpected:
-        raise ValueError(
-            f"checkpoint state_dict has {len(unexpected)} tensor(s) the config does not "
-            f"define, first {unexpected[0]!r} (shape {found[unexpected[0]].shape}); "
-            f"unexpected: {unexpected[:8]}"
-        )
+    what = f"has {len(unexpected)} tensor(s) the config does not define"
+    found_shapes = {key: value.shape for key, value in found.items()}
+    _refuse_keys(unexpected, found_shapes, what, "shape", "unexpected")
     for key, shape in expected.items():
         if found[key].shape != shape:
             raise ValueError(

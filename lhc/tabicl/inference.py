@@ -18,12 +18,15 @@ cell embeddings nor any ``T x N`` attention matrix of a whole table:
 Shapes are padded to a few bucket sizes (rows, features; at most 1/8 extra) with masks,
 so that tables of similar size reuse compiled programs. With a ``mesh``, ensemble
 members are sharded over the batch axes (``act_batch``); parameters are replicated.
+
+This file plans the chunks, validates and pads the inputs, runs the members in batches
+and walks the class hierarchy; the jitted stages themselves are in
+``lhc.tabicl.chunked``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
@@ -32,10 +35,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES, batch_sharding
+from lhc.tabicl.chunked import embed_cells, embed_rows, icl_logits, train_summaries
 from lhc.tabicl.config import SKIP_VALUE, TabICLConfig
-from lhc.tabicl.layers import AttentionBlock
 from lhc.tabicl.model import TabICL
-from lhc.tabicl.stages import icl_block
 
 DEFAULT_MEMORY_BUDGET_MB = 512
 # Per-chunk working sets are also held near this size, about a CPU's last-level cache:
@@ -126,203 +128,6 @@ def plan_chunks(
     test_chunk = bucket_size(int(min(max(rows, num_train, 256), 1 << 22)))
     keep_train_cells = num_tables * num_features * num_train * width <= budget
     return ChunkPlan(col_chunk, row_chunk, query_chunk, test_chunk, keep_train_cells)
-
-
-# ----------------------------------------------------------------------------- kernels
-
-
-def _map_chunks(fn, x: jax.Array, chunk: int, axis: int):
-    """``fn`` over chunks of ``chunk`` entries of ``x`` along ``axis``, one after another.
-
-    ``fn`` must keep ``axis`` as the chunk axis of every array it returns (an array or a
-    tuple of arrays). Chunks are read and written in place inside a loop (no padded or
-    transposed copies of ``x``); the last chunk is shifted back to end at the last entry,
-    so a few entries are computed twice, to the same values.
-    """
-    size = x.shape[axis]
-    if size <= chunk:
-        return fn(x)
-    pieces = jax.eval_shape(fn, jax.lax.slice_in_dim(x, 0, chunk, axis=axis))
-    outs = jax.tree.map(
-        lambda p: jnp.zeros((*p.shape[:axis], size, *p.shape[axis + 1 :]), p.dtype), pieces
-    )
-
-    def body(index, outs):
-        start = jnp.minimum(index * chunk, size - chunk)
-        parts = fn(jax.lax.dynamic_slice_in_dim(x, start, chunk, axis=axis))
-        return jax.tree.map(
-            lambda out, part: jax.lax.dynamic_update_slice_in_dim(out, part, start, axis=axis),
-            outs,
-            parts,
-        )
-
-    return jax.lax.fori_loop(0, -(-size // chunk), body, outs)
-
-
-def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
-    if sharding is None:
-        return x
-    spec = PartitionSpec(sharding.spec[0], *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(sharding.mesh, spec))
-
-
-@functools.partial(jax.jit, static_argnames=("model", "col_chunk"))
-def train_summaries(
-    model: TabICL,
-    params,
-    x_train_cols: jax.Array,
-    train_mask: jax.Array,
-    col_skip: jax.Array | None = None,
-    *,
-    col_chunk: int,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Column-stage summaries of the training rows.
-
-    Args:
-        x_train_cols: ``[G, H, N]`` training cells of every column of G base tables.
-        train_mask: bool ``[N]``, False for padded training rows.
-        col_skip: bool ``[G, H]``; given, the training cells' embeddings come back too.
-
-    Returns:
-        ``[G, H, L, I, E]``; with ``col_skip``, also the cell embeddings ``[G, N, H, E]``
-        (rows first, as ``embed_cells`` takes them).
-    """
-    num_tables, num_features, num_train = x_train_cols.shape
-    flat = x_train_cols.reshape(num_tables * num_features, num_train)
-    flat_skip = None if col_skip is None else col_skip.reshape(-1)
-
-    def step(columns):  # chunks of column indices, so that cells and skips stay aligned
-        skip = None if flat_skip is None else flat_skip[columns]
-        return model.apply(
-            {"params": params}, flat[columns], train_mask, skip, method=TabICL.train_summaries
-        )
-
-    out = _map_chunks(step, jnp.arange(num_tables * num_features), col_chunk, axis=0)
-    unflat = lambda a: a.reshape(num_tables, num_features, *a.shape[1:])  # noqa: E731
-    if flat_skip is None:
-        return unflat(out)
-    summaries, cells = out
-    return unflat(summaries), jnp.swapaxes(unflat(cells), 1, 2)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "row_chunk", "member_sharding"))
-def embed_rows(
-    model: TabICL,
-    params,
-    x_rows: jax.Array,
-    summaries: jax.Array,
-    col_skip: jax.Array,
-    member_table: jax.Array,
-    member_perm: jax.Array,
-    feature_mask: jax.Array,
-    *,
-    row_chunk: int,
-    member_sharding: NamedSharding | None = None,
-) -> jax.Array:
-    """Row representations ``[B, R, D]`` of rows ``x_rows: [G, R, H]`` (see ``TabICL.embed_rows``)."""
-
-    def step(rows):
-        out = model.apply(
-            {"params": params},
-            rows,
-            summaries,
-            col_skip,
-            member_table,
-            member_perm,
-            feature_mask,
-            method=TabICL.embed_rows,
-        )
-        return _constrain(out, member_sharding)
-
-    return _constrain(_map_chunks(step, x_rows, row_chunk, axis=1), member_sharding)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "row_chunk", "member_sharding"))
-def embed_cells(
-    model: TabICL,
-    params,
-    cells: jax.Array,
-    member_table: jax.Array,
-    member_perm: jax.Array,
-    feature_mask: jax.Array,
-    *,
-    row_chunk: int,
-    member_sharding: NamedSharding | None = None,
-) -> jax.Array:
-    """Row representations ``[B, R, D]`` from cell embeddings ``cells: [G, R, H, E]``."""
-
-    def step(rows):
-        out = model.apply(
-            {"params": params},
-            jnp.swapaxes(rows, 1, 2),
-            member_table,
-            member_perm,
-            feature_mask,
-            method=TabICL.embed_cells,
-        )
-        return _constrain(out, member_sharding)
-
-    return _constrain(_map_chunks(step, cells, row_chunk, axis=1), member_sharding)
-
-
-@functools.partial(jax.jit, static_argnames=("model", "query_chunk", "member_sharding"))
-def icl_logits(
-    model: TabICL,
-    params,
-    representations: jax.Array,
-    y_train: jax.Array,
-    train_mask: jax.Array,
-    *,
-    query_chunk: int,
-    member_sharding: NamedSharding | None = None,
-) -> jax.Array:
-    """ICL stage, block by block, query rows in chunks.
-
-    Args:
-        representations: ``[B, N + M, D]``, the N training rows first.
-        y_train: int ``[B, N]``.
-        train_mask: bool ``[N]`` (or ``[B, N]``), False for padded training rows.
-
-    Returns:
-        float32 ``[B, M, max_classes]``.
-    """
-    num_train = y_train.shape[1]
-    key_mask = train_mask if train_mask.ndim == 1 else train_mask[:, None, :]
-    h = model.apply({"params": params}, representations, y_train, method=TabICL.icl_add_labels)
-    block = icl_block(model.config, model.dtype, model.param_dtype)
-    blocks = params["icl_predictor"]
-    num_blocks = model.config.icl_num_blocks
-
-    def run_block(h, block_params, first_query):
-        key, value = block.apply(
-            {"params": block_params}, h[:, :num_train], method=AttentionBlock.key_value
-        )
-
-        def step(rows):
-            out = block.apply(
-                {"params": block_params}, rows, key, value, key_mask, method=AttentionBlock.attend
-            )
-            return _constrain(out, member_sharding)
-
-        return _constrain(
-            _map_chunks(step, h[:, first_query:], query_chunk, axis=1), member_sharding
-        )
-
-    if num_blocks > 1:
-        # One loop over the blocks keeps a fixed number of [B, T, D] buffers alive; an
-        # unrolled Python loop made XLA keep one per block.
-        stacked = jax.tree.map(
-            lambda *leaves: jnp.stack(leaves),
-            *(blocks[f"blocks_{i}"] for i in range(num_blocks - 1)),
-        )
-        h, _ = jax.lax.scan(lambda h, p: (run_block(h, p, 0), None), h, stacked)
-    # The training rows' last-block outputs feed nothing: only the test rows go through.
-    h = run_block(h, blocks[f"blocks_{num_blocks - 1}"], num_train)
-
-    def decode(rows):
-        return model.apply({"params": params}, rows, method=TabICL.icl_decode)
-
-    return _constrain(_map_chunks(decode, h, query_chunk, axis=1), member_sharding)
 
 
 # ----------------------------------------------------------------------------- driver

@@ -9,6 +9,7 @@ pairs at token positions; position masks), hence their distinct names.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -43,6 +44,13 @@ def _activation(name: str):
     if name == "gelu":
         return lambda x: jax.nn.gelu(x, approximate=False)
     return jax.nn.relu
+
+
+def module_fields(module: nn.Module, cls: type[nn.Module]) -> dict:
+    """``module``'s values of the fields that ``cls`` declares (``parent`` and ``name``
+    aside), as keyword arguments: a ``cls`` built from them has ``module``'s settings."""
+    fields = dataclasses.fields(cls)
+    return {f.name: getattr(module, f.name) for f in fields if f.name not in ("parent", "name")}
 
 
 def layer_norm(dtype, param_dtype, name: str | None = None) -> nn.LayerNorm:
@@ -285,14 +293,9 @@ class MultiHeadAttention(nn.Module):
         return self.out(attended)
 
 
-class AttentionBlock(nn.Module):
-    """A TabICL transformer block (``MultiheadAttentionBlock``) with separate key/values.
-
-    Pre-norm: ``x = q + Attn(LN1(q), LN1(kv), LN1(kv)); x = x + FF(LN2(x))``; post-norm:
-    ``x = LN1(q + Attn(q, kv, kv)); x = LN2(x + FF(x))``. The key/value projection
-    (``key_value``) is separate from the query side (``attend``) so that a sequence of
-    queries can be processed in chunks against keys and values computed once.
-    """
+class BlockFields(nn.Module):
+    """The fields of a TabICL transformer block: ``AttentionBlock``'s, and those of the
+    ISAB's two blocks."""
 
     embed_dim: int
     num_heads: int
@@ -302,6 +305,16 @@ class AttentionBlock(nn.Module):
     norm_first: bool = True
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+
+
+class AttentionBlock(BlockFields):
+    """A TabICL transformer block (``MultiheadAttentionBlock``) with separate key/values.
+
+    Pre-norm: ``x = q + Attn(LN1(q), LN1(kv), LN1(kv)); x = x + FF(LN2(x))``; post-norm:
+    ``x = LN1(q + Attn(q, kv, kv)); x = LN2(x + FF(x))``. The key/value projection
+    (``key_value``) is separate from the query side (``attend``) so that a sequence of
+    queries can be processed in chunks against keys and values computed once.
+    """
 
     def setup(self):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
@@ -386,34 +399,20 @@ def block_class(remat_policy: str):
     )
 
 
-class InducedSelfAttentionBlock(nn.Module):
-    """ISAB: I inducing points read the training rows, then every row reads them."""
+class InducedSelfAttentionBlock(BlockFields, kw_only=True):
+    """ISAB: I inducing points read the training rows, then every row reads them.
 
-    embed_dim: int
-    num_heads: int
-    ffn_dim: int
+    Its two blocks take its ``BlockFields``; ``num_inds`` (I) and ``remat_policy`` are
+    keyword-only.
+    """
+
     num_inds: int
-    dropout_rate: float = 0.0
-    activation: str = "gelu"
-    norm_first: bool = True
     remat_policy: str = "none"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
 
     def setup(self):
-        kw = dict(
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            ffn_dim=self.ffn_dim,
-            dropout_rate=self.dropout_rate,
-            activation=self.activation,
-            norm_first=self.norm_first,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
         block = block_class(self.remat_policy)
-        self.multihead_attn1 = block(**kw)
-        self.multihead_attn2 = block(**kw)
+        self.multihead_attn1 = block(**module_fields(self, BlockFields))
+        self.multihead_attn2 = block(**module_fields(self, BlockFields))
         self.ind_vectors = self.param(
             "ind_vectors",
             nn.with_logical_partitioning(trunc_normal_002, (None, "embed")),

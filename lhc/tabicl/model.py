@@ -27,7 +27,8 @@ edge cases agree with the reference too.
 
 ``TabICL.__call__`` is the training forward (jittable, differentiable, with masks for
 padded features and padded training rows). The chunked, memory-bounded inference
-forward is built in ``lhc.tabicl.inference`` from the methods below it.
+forward is built in ``lhc.tabicl.chunked`` from the methods below it, and driven by
+``lhc.tabicl.inference``.
 
 The files: ``config.py`` (``TabICLConfig``), ``layers.py`` (dense projections, TabICL's
 interleaved rotary embedding and key-masked attention, the attention and ISAB blocks),
@@ -42,21 +43,20 @@ h head dim.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from lhc.tabicl.config import TabICLConfig
-from lhc.tabicl.stages import ColumnEmbedding, ICLearning, RowInteraction
+from lhc.tabicl.layers import module_fields
+from lhc.tabicl.stages import ColumnEmbedding, ICLearning, RowInteraction, TabICLModule
 
 
-class TabICL(nn.Module):
+class TabICL(TabICLModule):
     """The TabICL network.
 
     ``__call__`` is the training forward. The other public methods are the pieces of the
-    chunked inference in ``lhc.tabicl.inference`` (call them through
+    chunked inference in ``lhc.tabicl.chunked`` (call them through
     ``model.apply(variables, ..., method=...)``).
 
     Attributes:
@@ -68,18 +68,8 @@ class TabICL(nn.Module):
         param_dtype: storage dtype of the parameters.
     """
 
-    config: TabICLConfig
-    remat_policy: str = "none"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
     def setup(self):
-        kw = dict(
-            config=self.config,
-            remat_policy=self.remat_policy,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
+        kw = module_fields(self, TabICLModule)  # each stage takes the network's fields
         self.col_embedder = ColumnEmbedding(**kw)
         self.row_interactor = RowInteraction(**kw)
         self.icl_predictor = ICLearning(**kw)

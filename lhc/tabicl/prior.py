@@ -318,71 +318,24 @@ class CurriculumStage:
     prior: PriorConfig
 
 
-CURRICULUM: tuple[CurriculumStage, ...] = (
-    CurriculumStage(
-        name="stage1",
-        num_steps=100_000,
-        learning_rate=1e-4,
-        schedule="cosine_warmup",
-        warmup_fraction=0.02,
-        end_learning_rate=0.0,
-        decay_power=1.0,
-        gradient_clipping=1.0,
-        micro_batch_size=4,
-        frozen=(),
-        prior=PriorConfig(
-            batch_size=512,
-            num_rows=1024,
-            min_train_fraction=0.1,
-            max_train_fraction=0.9,
-            tables_per_group=4,
-        ),
-    ),
-    CurriculumStage(
-        name="stage2",
-        num_steps=2_000,
-        learning_rate=2e-5,
-        schedule="polynomial_decay",
-        warmup_fraction=0.0,
-        end_learning_rate=5e-6,
-        decay_power=2.0,
-        gradient_clipping=1.0,
-        micro_batch_size=1,
-        frozen=(),
-        prior=PriorConfig(
-            batch_size=512,
-            num_rows=40_000,
-            min_rows=1_000,
-            log_rows=True,
-            rows_per_group=True,
-            min_train_fraction=0.5,
-            max_train_fraction=0.9,
-            tables_per_group=2,
-        ),
-    ),
-    CurriculumStage(
-        name="stage3",
-        num_steps=50,
-        learning_rate=2e-6,
-        schedule="constant",
-        warmup_fraction=0.0,
-        end_learning_rate=2e-6,
-        decay_power=1.0,
-        gradient_clipping=1.0,
-        micro_batch_size=1,
-        frozen=("col", "row"),
-        prior=PriorConfig(
-            batch_size=512,
-            num_rows=60_000,
-            min_rows=40_000,
-            log_rows=True,
-            rows_per_group=True,
-            replay_small=True,
-            min_train_fraction=0.5,
-            max_train_fraction=0.9,
-            tables_per_group=1,
-        ),
-    ),
+# The reference's ``scripts/train_stage{1,2,3}.sh``, in the order of CurriculumStage's fields.
+_STAGES = (
+    # name     steps    lr    schedule            warmup end lr power clip micro frozen
+    ("stage1", 100_000, 1e-4, "cosine_warmup",    0.02,  0.0,   1.0,  1.0, 4,    ()),
+    ("stage2", 2_000,   2e-5, "polynomial_decay", 0.0,   5e-6,  2.0,  1.0, 1,    ()),
+    ("stage3", 50,      2e-6, "constant",         0.0,   2e-6,  1.0,  1.0, 1,    ("col", "row")),
+)  # fmt: skip
+# Their tables: 512 per step, at most 90% training rows. Stages 2 and 3 draw long tables,
+# with log-uniform row counts, one per group of tables, and 50% training rows or more.
+_LONG_TABLES = dict(log_rows=True, rows_per_group=True, min_train_fraction=0.5)
+_STAGE_PRIORS = (
+    dict(num_rows=1024, min_train_fraction=0.1, tables_per_group=4),
+    dict(num_rows=40_000, min_rows=1_000, **_LONG_TABLES, tables_per_group=2),
+    dict(num_rows=60_000, min_rows=40_000, **_LONG_TABLES, replay_small=True, tables_per_group=1),
+)
+CURRICULUM: tuple[CurriculumStage, ...] = tuple(
+    CurriculumStage(*stage, prior=PriorConfig(batch_size=512, max_train_fraction=0.9, **prior))
+    for stage, prior in zip(_STAGES, _STAGE_PRIORS, strict=True)
 )
 """The three pretraining stages of the paper (AdamW, 512 tables per step)."""
 

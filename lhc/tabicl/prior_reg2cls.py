@@ -25,6 +25,12 @@ def _nan_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.nanmean(x, axis=0), np.nanstd(x, axis=0, ddof=ddof)
 
 
+def _float_columns(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``x`` as float64 ``[T, F]``, with its per-column nanmean and nanstd."""
+    x = np.asarray(x, np.float64)
+    return (x, *_nan_stats(x))
+
+
 def standard_scaling(x: np.ndarray, clip_value: float = 100.0) -> np.ndarray:
     """``clip((x - mean) / max(std, 1e-6), +-clip_value)`` per column (ddof=1).
 
@@ -34,8 +40,7 @@ def standard_scaling(x: np.ndarray, clip_value: float = 100.0) -> np.ndarray:
     Returns:
       float64[T, F].
     """
-    x = np.asarray(x, np.float64)
-    mean, std = _nan_stats(x)
+    x, mean, std = _float_columns(x)
     return np.clip((x - mean) / np.maximum(std, 1e-6), -clip_value, clip_value)
 
 
@@ -51,8 +56,7 @@ def outlier_removing(x: np.ndarray, threshold: float = 4.0) -> np.ndarray:
     Returns:
       float64[T, F].
     """
-    x = np.asarray(x, np.float64)
-    mean, std = _nan_stats(x)
+    x, mean, std = _float_columns(x)
     std = np.maximum(std, 1e-6)
     lower, upper = mean - threshold * std, mean + threshold * std
     with np.errstate(invalid="ignore"):

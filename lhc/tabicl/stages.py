@@ -24,13 +24,30 @@ from lhc.tabicl.layers import (
 # ----------------------------------------------------------------------------- stages
 
 
-class ColumnEmbedding(nn.Module):
-    """Distribution-aware embedding of each cell from its column (``ColEmbedding``)."""
+class TabICLModule(nn.Module):
+    """The fields of the network and of each of its stages (see ``TabICL``)."""
 
     config: TabICLConfig
     remat_policy: str = "none"
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+
+
+def _block_fields(config: TabICLConfig, width: int, num_heads: int) -> dict:
+    """A stage's ``BlockFields`` but the dtypes: blocks of ``width`` (E or D) with
+    ``num_heads`` heads."""
+    return dict(
+        embed_dim=width,
+        num_heads=num_heads,
+        ffn_dim=width * config.ff_factor,
+        dropout_rate=config.dropout,
+        activation=config.activation,
+        norm_first=config.norm_first,
+    )
+
+
+class ColumnEmbedding(TabICLModule):
+    """Distribution-aware embedding of each cell from its column (``ColEmbedding``)."""
 
     def setup(self):
         cfg = self.config
@@ -39,13 +56,8 @@ class ColumnEmbedding(nn.Module):
         self.in_linear = Dense(width, (None, "embed"), skip_value=SKIP_VALUE, **kw)
         self.blocks = [
             InducedSelfAttentionBlock(
-                embed_dim=width,
-                num_heads=cfg.col_nhead,
-                ffn_dim=width * cfg.ff_factor,
+                **_block_fields(cfg, width, cfg.col_nhead),
                 num_inds=cfg.col_num_inds,
-                dropout_rate=cfg.dropout,
-                activation=cfg.activation,
-                norm_first=cfg.norm_first,
                 remat_policy=self.remat_policy,
                 **kw,
             )
@@ -140,16 +152,12 @@ class ColumnEmbedding(nn.Module):
         return x_cols[..., None].astype(weights.dtype) * weights + biases
 
 
-class RowInteraction(nn.Module):
+class RowInteraction(TabICLModule):
     """Feature interaction inside each row, read out through CLS tokens."""
-
-    config: TabICLConfig
-    remat_policy: str = "none"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
 
     def setup(self):
         cfg = self.config
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         self.cls_tokens = self.param(
             "cls_tokens",
             nn.with_logical_partitioning(trunc_normal_002, (None, "embed")),
@@ -157,16 +165,7 @@ class RowInteraction(nn.Module):
             self.param_dtype,
         )
         self.blocks = [
-            block_class(self.remat_policy)(
-                embed_dim=cfg.embed_dim,
-                num_heads=cfg.row_nhead,
-                ffn_dim=cfg.embed_dim * cfg.ff_factor,
-                dropout_rate=cfg.dropout,
-                activation=cfg.activation,
-                norm_first=cfg.norm_first,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-            )
+            block_class(self.remat_policy)(**_block_fields(cfg, cfg.embed_dim, cfg.row_nhead), **kw)
             for _ in range(cfg.row_num_blocks)
         ]
         if cfg.norm_first:
@@ -235,34 +234,18 @@ class LabelEmbedding(nn.Module):
         return jnp.take(kernel, labels.astype(jnp.int32), axis=0) + bias
 
 
-def _icl_block_kwargs(config: TabICLConfig) -> dict:
-    width = config.icl_dim
-    return dict(
-        embed_dim=width,
-        num_heads=config.icl_nhead,
-        ffn_dim=width * config.ff_factor,
-        dropout_rate=config.dropout,
-        activation=config.activation,
-        norm_first=config.norm_first,
-    )
-
-
 def icl_block(config: TabICLConfig, dtype=jnp.float32, param_dtype=jnp.float32) -> AttentionBlock:
     """An unbound ICL block, to apply with ``params["icl_predictor"]["blocks_<i>"]``.
 
     The chunked inference runs the ICL blocks in a ``lax.scan`` over their stacked
     parameters, which needs the block outside of ``TabICL``.
     """
-    return AttentionBlock(**_icl_block_kwargs(config), dtype=dtype, param_dtype=param_dtype)
+    fields = _block_fields(config, config.icl_dim, config.icl_nhead)
+    return AttentionBlock(**fields, dtype=dtype, param_dtype=param_dtype)
 
 
-class ICLearning(nn.Module):
+class ICLearning(TabICLModule):
     """In-context learning over rows: every row attends to the labelled training rows."""
-
-    config: TabICLConfig
-    remat_policy: str = "none"
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
 
     def setup(self):
         cfg = self.config
@@ -270,7 +253,7 @@ class ICLearning(nn.Module):
         kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         self.y_encoder = LabelEmbedding(cfg.max_classes, width, self.param_dtype)
         self.blocks = [
-            block_class(self.remat_policy)(**_icl_block_kwargs(cfg), **kw)
+            block_class(self.remat_policy)(**_block_fields(cfg, width, cfg.icl_nhead), **kw)
             for _ in range(cfg.icl_num_blocks)
         ]
         if cfg.norm_first:

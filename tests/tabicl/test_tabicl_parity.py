@@ -11,6 +11,7 @@ from lhc.tabicl import (
     TabICL,
     TabICLClassifier,
     TabICLConfig,
+    chunked,
     inference,
     params_to_state_dict,
     predict_logits,
@@ -130,14 +131,14 @@ def test_intermediate_tensors_match(small_reference, small_lhc, tabicl_helpers):
     )
     np.testing.assert_allclose(rows, ref_rows, atol=ATOL, rtol=1e-5)
     # The chunked path: summaries of the training rows, then any rows on their own.
-    summaries = inference.train_summaries(
+    summaries = chunked.train_summaries(
         model,
         params,
         jnp.asarray(np.swapaxes(X[:, :train_size], 1, 2)),
         jnp.ones(train_size, bool),
         col_chunk=3,
     )
-    chunked = inference.embed_rows(
+    chunked_rows = chunked.embed_rows(
         model,
         params,
         jnp.asarray(X),
@@ -148,7 +149,7 @@ def test_intermediate_tensors_match(small_reference, small_lhc, tabicl_helpers):
         jnp.ones(5, bool),
         row_chunk=16,
     )
-    np.testing.assert_allclose(chunked, ref_rows, atol=ATOL, rtol=1e-5)
+    np.testing.assert_allclose(chunked_rows, ref_rows, atol=ATOL, rtol=1e-5)
 
 
 def test_skip_marker_cells_and_columns_match(small_reference, small_lhc, tabicl_helpers):
