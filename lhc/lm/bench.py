@@ -196,6 +196,40 @@ def _transformers_model(path: str):
     return model.eval()
 
 
+def _both_models(checkpoint, config, seed, variants):
+    """``(config, {variant: (Transformer, params)}, transformers model)`` of one checkpoint:
+    ``checkpoint``, else random weights of ``config`` saved as safetensors."""
+    from lhc.lm.checkpoints import resolve_checkpoint
+
+    models = {}
+    with tempfile.TemporaryDirectory() as directory:
+        if checkpoint is None:
+            # The model's own initialisation (unit norms, fan-in scaled weights): logits
+            # with a clear argmax, so that both decodings can agree token for token.
+            hf.save(config, jax.device_get(init_params(config, jax.random.key(seed))), directory)
+            path = directory
+        else:
+            path = resolve_checkpoint(checkpoint)
+        load = gguf.load if path.endswith(".gguf") else hf.load
+        for layout, scan in variants:
+            config, params = load(path, jnp.float32, kernel_layout=layout, scan_layers=scan)
+            models[_variant_name(layout, scan)] = (Transformer(config), params)
+        return config, models, _transformers_model(path)
+
+
+def _rates(best, impl, batch_size: int, new_tokens: int) -> dict[str, float]:
+    """End-to-end and per-step rates of ``impl`` from the best times of ``new_tokens`` and
+    of one token."""
+    total, first = best[(impl, new_tokens)], best[(impl, 1)]
+    step = (total - first) / (new_tokens - 1)
+    return dict(
+        s=total,
+        tokens_per_s=batch_size * new_tokens / total,
+        decode_step_s=step,
+        decode_tokens_per_s=batch_size / step,
+    )
+
+
 def compare_with_transformers(
     name: str,
     config: LMConfig | None,
@@ -230,24 +264,9 @@ def compare_with_transformers(
     import torch
     import transformers
 
-    from lhc.lm.checkpoints import resolve_checkpoint
-
     torch.set_num_threads(torch_threads or os.cpu_count() or 1)
     variants = [(layout, scan) for layout in kernel_layouts for scan in scan_layers]
-    models = {}
-    with tempfile.TemporaryDirectory() as directory:
-        if checkpoint is None:
-            # The model's own initialisation (unit norms, fan-in scaled weights): logits
-            # with a clear argmax, so that both decodings can agree token for token.
-            hf.save(config, jax.device_get(init_params(config, jax.random.key(seed))), directory)
-            path = directory
-        else:
-            path = resolve_checkpoint(checkpoint)
-        load = gguf.load if path.endswith(".gguf") else hf.load
-        for layout, scan in variants:
-            config, params = load(path, jnp.float32, kernel_layout=layout, scan_layers=scan)
-            models[_variant_name(layout, scan)] = (Transformer(config), params)
-        torch_model = _transformers_model(path)
+    config, models, torch_model = _both_models(checkpoint, config, seed, variants)
     # The bandwidth is read between the timed runs too, so that it sees the same machine.
     read = streaming_read(bandwidth_bytes)
     bandwidths = [read() for _ in range(repeats)]
@@ -290,16 +309,7 @@ def compare_with_transformers(
             repeats,
             between=lambda: bandwidths.append(read()),
         )
-        rates = {}
-        for impl in impls:
-            total, first = best[(impl, new_tokens)], best[(impl, 1)]
-            step = (total - first) / (new_tokens - 1)
-            rates[impl] = dict(
-                s=total,
-                tokens_per_s=batch_size * new_tokens / total,
-                decode_step_s=step,
-                decode_tokens_per_s=batch_size / step,
-            )
+        rates = {impl: _rates(best, impl, batch_size, new_tokens) for impl in impls}
         theirs_rates = rates["transformers"]
         bandwidth = max(bandwidths)
         for (layout, scan), variant in zip(variants, models):

@@ -248,6 +248,18 @@ def rules_context(rules: tuple | None):
     return contextlib.nullcontext() if rules is None else nn.logical_axis_rules(rules)
 
 
+def with_rules(fn: Callable) -> Callable:
+    """``fn`` run under ``rules_context(rules)``, ``rules`` an extra keyword argument (for
+    a jitted function, a static one)."""
+
+    def wrapped(*args, rules, **kwargs):
+        with rules_context(rules):
+            return fn(*args, **kwargs)
+
+    wrapped.__name__ = wrapped.__qualname__ = fn.__name__  # no __wrapped__: jit sees `rules`
+    return wrapped
+
+
 def constrain_cache(cache):
     """The cache with every leaf constrained to its logical axes (under active rules)."""
     return jax.tree.map(

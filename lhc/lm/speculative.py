@@ -55,9 +55,9 @@ from lhc.lm.decoding import (
     mesh_context,
     prefill_chunks,
     prepare_prompts,
-    rules_context,
     static_rules,
     stop_token_array,
+    with_rules,
 )
 from lhc.lm.drafters import ModelDrafter, SelfDrafter
 from lhc.lm.sampling import SamplingParams, logits_to_probs
@@ -237,6 +237,16 @@ def _target_start(target_cache, shape, cache_len: int, max_new_tokens: int) -> n
     return start
 
 
+def _check_max_len(what, max_new_tokens: int) -> None:
+    name, model, needed = what
+    if needed > model.config.max_len:
+        raise ValueError(
+            f"prompt width + max_new_tokens {max_new_tokens} + num_draft + 1 = {needed} "
+            f"(after the cached context) exceeds the {name} model's max_len "
+            f"{model.config.max_len}"
+        )
+
+
 def speculative_generate(
     target: nn.Module,
     target_params: Any,
@@ -318,16 +328,8 @@ def speculative_generate(
     extra = max_new_tokens + num_draft + 1
     cache_len, draft_cache_len = tokens.shape[1] + extra, draft_tokens.shape[1] + extra
     start = _target_start(target_cache, tokens.shape, cache_len, max_new_tokens)
-    for name, model, needed in (
-        ("target", target, int(start.max(initial=0)) + cache_len),
-        ("draft", drafter, draft_cache_len),
-    ):
-        if needed > model.config.max_len:
-            raise ValueError(
-                f"prompt width + max_new_tokens {max_new_tokens} + num_draft + 1 = {needed} "
-                f"(after the cached context) exceeds the {name} model's max_len "
-                f"{model.config.max_len}"
-            )
+    _check_max_len(("target", target, int(start.max(initial=0)) + cache_len), max_new_tokens)
+    _check_max_len(("draft", drafter, draft_cache_len), max_new_tokens)
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
     rng = jax.random.key(0) if rng is None else rng
@@ -363,68 +365,6 @@ def speculative_generate(
         )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnums=(0, 1, 2),
-    static_argnames=(
-        "max_new_tokens",
-        "num_draft",
-        "sampling",
-        "cache_len",
-        "draft_cache_len",
-        "prefill_chunk",
-        "rules",
-    ),
-)
-def _speculative_jit(
-    target,
-    drafter,
-    verifier,
-    target_params,
-    draft_params,
-    tokens,
-    prompt_lengths,
-    draft_tokens,
-    draft_lengths,
-    rng,
-    stop_ids,
-    pad_id,
-    target_cache,
-    start,
-    *,
-    max_new_tokens,
-    num_draft,
-    sampling,
-    cache_len,
-    draft_cache_len,
-    prefill_chunk,
-    rules,
-):
-    with rules_context(rules):
-        return _speculative_loop(
-            target,
-            drafter,
-            verifier,
-            target_params,
-            draft_params,
-            tokens,
-            prompt_lengths,
-            draft_tokens,
-            draft_lengths,
-            rng,
-            sampling,
-            stop_ids,
-            pad_id,
-            target_cache,
-            start,
-            max_new_tokens=max_new_tokens,
-            num_draft=num_draft,
-            cache_len=cache_len,
-            draft_cache_len=draft_cache_len,
-            prefill_chunk=prefill_chunk,
-        )
-
-
 def _speculative_loop(
     target,
     drafter,
@@ -436,7 +376,6 @@ def _speculative_loop(
     draft_tokens,
     draft_lengths,
     rng,
-    sampling,
     stop_ids,
     pad_id,
     target_cache,
@@ -444,10 +383,13 @@ def _speculative_loop(
     *,
     max_new_tokens,
     num_draft,
+    sampling,
     cache_len,
     draft_cache_len,
     prefill_chunk,
 ):
+    # One function of ~140 lines: the round (draft, verify, commit, stop) is closures over
+    # the prefilled caches inside one lax.while_loop; split, they would pass a dozen arrays.
     batch_size, width = tokens.shape
     apply_target = functools.partial(target.apply, {"params": target_params})
     if target_cache is None:
@@ -565,3 +507,18 @@ def _speculative_loop(
         accepted=state.accepted,
         drafted=state.drafted,
     )
+
+
+_speculative_jit = jax.jit(
+    with_rules(_speculative_loop),
+    static_argnums=(0, 1, 2),
+    static_argnames=(
+        "max_new_tokens",
+        "num_draft",
+        "sampling",
+        "cache_len",
+        "draft_cache_len",
+        "prefill_chunk",
+        "rules",
+    ),
+)
