@@ -96,6 +96,10 @@ def _decode_recompute(model, params, prompt, steps, width):
     return tokens.T
 
 
+def _model_facts(name: str, config: LMConfig) -> dict[str, Any]:
+    return dict(config=name, num_params=count_params(config), dtype=config.dtype)
+
+
 def measure(
     name: str,
     config: LMConfig,
@@ -130,9 +134,7 @@ def measure(
     recompute_tokens = _decode_recompute(model, params, prompt, decode_steps, width)
     decode_tokens = batch_size * decode_steps
     return dict(
-        config=name,
-        num_params=count_params(config),
-        dtype=config.dtype,
+        **_model_facts(name, config),
         batch_size=batch_size,
         prompt_len=prompt_len,
         decode_steps=decode_steps,
@@ -334,9 +336,7 @@ def compare_with_transformers(
                 )
             rows.append(row)
     return dict(
-        config=name,
-        num_params=count_params(config),
-        dtype=config.dtype,
+        **_model_facts(name, config),
         prompt_len=prompt_len,
         new_tokens=new_tokens,
         measured_bandwidth_gbps=max(bandwidths) / 1e9,

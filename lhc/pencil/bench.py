@@ -31,6 +31,7 @@ from lhc import bench
 from lhc.lm.config import LMConfig
 from lhc.lm.model import Transformer, random_params
 from lhc.lm.sampling import SamplingParams
+from lhc.pencil.experiment import model_fields
 from lhc.pencil.generation import generate, generate_recompute
 from lhc.pencil.problems import make_problem, tokenizer_for
 
@@ -41,20 +42,7 @@ def bench_model(size: str, max_len: int) -> tuple[LMConfig, Any]:
     """The PENCIL model of ``size`` on the SAT (n = 10) vocabulary and its tokenizer."""
     layers, heads, width = SIZES[size]
     tokenizer = tokenizer_for(make_problem("sat", num_vars=10))
-    config = LMConfig(
-        vocab_size=tokenizer.vocab_size,
-        num_layers=layers,
-        embed_dim=width,
-        num_heads=heads,
-        num_kv_heads=heads,
-        head_dim=width // heads,
-        mlp_dim=4 * width,
-        max_len=max_len,
-        norm_type="layernorm",
-        mlp_type="gelu",
-        tie_embeddings=True,
-        norm_eps=1e-5,
-    )
+    config = LMConfig(**model_fields(tokenizer.vocab_size, layers, width, heads, max_len))
     return config, tokenizer
 
 

@@ -19,6 +19,27 @@ from lhc.train.optim import adamw_cosine
 TASK = "lhc.pencil.task:PencilTask"
 
 
+def model_fields(
+    vocab_size: int, num_layers: int, embed_dim: int, num_heads: int, max_len: int
+) -> dict:
+    """The PENCIL model's ``lhc.lm.LMConfig`` fields: the official code's GPT-2-style
+    decoder (LayerNorm, a GELU MLP of 4 D, tied embeddings), heads of ``D / heads``."""
+    return dict(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        embed_dim=embed_dim,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=embed_dim // num_heads,
+        mlp_dim=4 * embed_dim,
+        max_len=max_len,
+        norm_eps=1e-5,
+        tie_embeddings=True,
+        norm_type="layernorm",
+        mlp_type="gelu",
+    )
+
+
 def pencil_config(
     *,
     problem: str,
@@ -57,20 +78,9 @@ def pencil_config(
     )
     config.model = ml_collections.ConfigDict(
         dict(
-            vocab_size=vocab_size,
-            num_layers=num_layers,
-            embed_dim=embed_dim,
-            num_heads=num_heads,
-            num_kv_heads=num_heads,
-            head_dim=embed_dim // num_heads,
-            mlp_dim=4 * embed_dim,
-            max_len=context_limit,
+            **model_fields(vocab_size, num_layers, embed_dim, num_heads, context_limit),
             rope_theta=10_000.0,
-            norm_eps=1e-5,
             qkv_bias=False,
-            tie_embeddings=True,
-            norm_type="layernorm",
-            mlp_type="gelu",
             dropout_rate=dropout_rate,
             dtype=dtype,
             param_dtype="float32",
