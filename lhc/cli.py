@@ -11,6 +11,7 @@ lhc bench   NAME [benchmark flags]
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shlex
@@ -40,8 +41,19 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return rest, overrides
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    try:
+        return importlib.metadata.version("lhc")
+    except importlib.metadata.PackageNotFoundError:
+        import lhc
+
+        return lhc.__version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lhc", description="lhc: long-context methods in JAX")
+    parser.add_argument("--version", action="version", version=f"lhc {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a config (resumes from --workdir)")

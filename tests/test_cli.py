@@ -98,3 +98,13 @@ def test_console_script_reports_bad_key_and_exits_nonzero(tmp_path):
     )
     assert proc.returncode != 0
     assert "unknown key 'learning_rat' in optimizer" in proc.stderr
+
+
+def test_version(capsys):
+    import tomllib
+
+    declared = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lhc {declared['project']['version']}"

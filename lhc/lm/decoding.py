@@ -186,6 +186,7 @@ def prepare_prompts(
     else:
         if prompt_lengths is not None:
             raise ValueError("prompt_lengths applies to a padded array, not to token lists")
+        _check_token_lists(prompts)
         tokens, lengths = left_pad(prompts, pad_id)
     batch_size, width = tokens.shape
     if lengths.shape != (batch_size,) or (lengths < 1).any() or (lengths > width).any():
@@ -200,6 +201,24 @@ def prepare_prompts(
     return tokens.astype(np.int32), lengths.astype(np.int32)
 
 
+def _check_token_lists(prompts) -> None:
+    """A one-line ``ValueError`` for prompts that are not B non-empty token lists."""
+    expected = "prompts: expected B token lists or an int [B, P] array"
+    if isinstance(prompts, (str, bytes)):
+        raise ValueError(f"{expected}, got a string; tokenize it first (tokenizer.encode)")
+    if not isinstance(prompts, Sequence):
+        raise ValueError(f"{expected}, got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError(f"{expected}, got no prompts")
+    if any(isinstance(p, (int, np.integer)) for p in prompts):
+        raise ValueError(f"{expected}, got a flat list of ints; one prompt is [tokens]")
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(
+            f"prompts: every prompt needs at least one token; prompts {empty} are empty"
+        )
+
+
 def left_padded_positions(
     prompt_lengths: jax.Array, width: int, start: jax.Array | int = 0
 ) -> jax.Array:
@@ -212,9 +231,15 @@ def left_padded_positions(
     return jnp.where(offsets >= 0, start[:, None] + offsets, -1).astype(jnp.int32)
 
 
-def stop_token_array(stop_tokens: Sequence[int]) -> np.ndarray:
-    """int32 stop ids padded with -1 (never a token) to a bucketed length."""
+def stop_token_array(stop_tokens: Sequence[int], vocab_size: int | None = None) -> np.ndarray:
+    """int32 stop ids padded with -1 (never a token) to a bucketed length; each id must
+    lie in ``[0, vocab_size)`` (unchecked if None)."""
     stop_tokens = [int(t) for t in stop_tokens]
+    outside = [t for t in stop_tokens if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if outside:
+        raise ValueError(
+            f"stop_tokens: ids must lie in [0, vocab_size={vocab_size}), got {outside}"
+        )
     slots = max(_MIN_STOP_SLOTS, 1 << max(len(stop_tokens) - 1, 0).bit_length())
     out = np.full((slots,), -1, np.int32)
     out[: len(stop_tokens)] = stop_tokens
@@ -650,7 +675,7 @@ def generate(
             cache,
             jax.random.key(0) if rng is None else rng,
             sampling_arrays,
-            jnp.asarray(stop_token_array(stop_tokens)),
+            jnp.asarray(stop_token_array(stop_tokens, vocab_size)),
             jnp.int32(pad_id),
             jnp.int32(max_new_tokens),
             hook_state,

@@ -358,7 +358,7 @@ def speculative_generate(
             jnp.asarray(draft_tokens),
             jnp.asarray(draft_lengths),
             rng,
-            jnp.asarray(stop_token_array(stop_tokens)),
+            jnp.asarray(stop_token_array(stop_tokens, vocab)),
             jnp.int32(pad_id),
             target_cache,
             jnp.asarray(start),

@@ -248,3 +248,29 @@ def test_decode_loop_updates_the_cache_in_place(scan_layers, batch):
     assert not copies, copies
     # The loop does write the cache (in place, by scatter), so the shape is there.
     assert any(cache_shape in line for name in loops for line in computations[name])
+
+
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        ([[], [1, 2]], "prompts: every prompt needs at least one token; prompts [0] are empty"),
+        ([1, 2, 3], "prompts: expected B token lists or an int [B, P] array, got a flat list"),
+        ("hello", "prompts: expected B token lists or an int [B, P] array, got a string"),
+        ([], "prompts: expected B token lists or an int [B, P] array, got no prompts"),
+    ],
+)
+def test_malformed_prompts_name_the_argument(prompts, message):
+    config = lm.LMConfig.tiny(max_len=32)
+    model, params = lm.Transformer(config), random_params(config)
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+        lm.generate(model, params, prompts, max_new_tokens=2)
+
+
+def test_stop_tokens_outside_the_vocabulary_are_refused():
+    config = lm.LMConfig.tiny(max_len=32)
+    model, params = lm.Transformer(config), random_params(config)
+    for stop in ([config.vocab_size], [-1]):
+        with pytest.raises(ValueError, match=r"^stop_tokens: ids must lie in \[0, vocab_size="):
+            lm.generate(model, params, [[1, 2]], max_new_tokens=2, stop_tokens=stop)
+    # The last id of the vocabulary is a valid stop token.
+    lm.generate(model, params, [[1, 2]], max_new_tokens=2, stop_tokens=[config.vocab_size - 1])
