@@ -164,7 +164,7 @@ def test_generate_validation():
         lm.generate(
             model, params, PROMPTS, max_new_tokens=2, sampling=lm.SamplingParams(temperature=1.0)
         )
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(ValueError, match=r"prompts \[1\] are empty"):
         lm.generate(model, params, [[1], []], max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt_lengths"):
         lm.generate(model, params, np.ones((2, 4), np.int32), np.array([0, 4]), max_new_tokens=2)
