@@ -26,10 +26,12 @@ on generated classification tasks, with a model of ``configs/icl_classification.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from lhc import bench, lm
@@ -193,13 +195,38 @@ def _calibration_line(tasks, calibration: dict) -> str:
     return f"calibration: {grows}; r {calibration['r']:.2f}, slope {calibration['slope']:.2f}"
 
 
-def _timing_line(name: str, rows) -> str:
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+@contextlib.contextmanager
+def _compile_clock():
+    """``{"seconds": ...}``: what JAX spends tracing, lowering and compiling in the block
+    (from its monitoring events)."""
+    spent = {"seconds": 0.0}
+
+    def record(event, duration, **_):
+        if event in _COMPILE_EVENTS:
+            spent["seconds"] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        yield spent
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)
+
+
+def _timing_line(name: str, rows, compile_seconds: float) -> str:
     """The first call compiles; the others show the steady cost."""
     seconds = [row["seconds"] for row in rows]
     rest = f", the others {np.mean(seconds[1:]):.1f} s each" if len(seconds) > 1 else ""
     return (
         f"{name}: {len(rows)} mixtures, prompts padded to {rows[0]['width']} tokens; "
-        f"first (compiles) {seconds[0]:.1f} s{rest}; {sum(seconds):.0f} s in all"
+        f"first {seconds[0]:.1f} s (compilation {compile_seconds:.1f} s){rest}; "
+        f"{sum(seconds):.0f} s in all"
     )
 
 
@@ -207,17 +234,19 @@ def _single_task_table(args, model, params, tokenizer) -> dict:
     result, shown = {}, []
     for name in args.family:
         family = get_family(name)
-        result[name] = mixtures.single_task(
-            model,
-            params,
-            tokenizer,
-            family,
-            num_demos=args.demos or 60,
-            prompts=args.prompts,
-            seed=args.seed,
-            batch=args.batch,
-        )
-        print(_timing_line(name, list(result[name].values())), flush=True)
+        with _compile_clock() as compiling:
+            result[name] = mixtures.single_task(
+                model,
+                params,
+                tokenizer,
+                family,
+                num_demos=args.demos or 60,
+                prompts=args.prompts,
+                seed=args.seed,
+                batch=args.batch,
+            )
+        rows = list(result[name].values())
+        print(_timing_line(name, rows, compiling["seconds"]), flush=True)
         for task, row in result[name].items():
             shown.append(
                 dict(
@@ -273,18 +302,19 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
     tasks = list(args.tasks or family.tasks)
     shares = np.linspace(0, 1, args.points) if args.points else [1 / len(tasks)]
     try:
-        result = mixtures.sweep(
-            model,
-            params,
-            tokenizer,
-            family,
-            tasks,
-            shares,
-            num_demos=demos,
-            prompts=args.prompts,
-            seed=args.seed,
-            batch=args.batch,
-        )
+        with _compile_clock() as compiling:
+            result = mixtures.sweep(
+                model,
+                params,
+                tokenizer,
+                family,
+                tasks,
+                shares,
+                num_demos=demos,
+                prompts=args.prompts,
+                seed=args.seed,
+                batch=args.batch,
+            )
     except ValueError as error:
         raise SystemExit(f"--family {family.name}: {error}") from None
     print(f"\n{family.name}: d = share of {tasks[0]}, the others (1 - d) / {len(tasks) - 1}")
@@ -292,7 +322,8 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
         print(f"\n{title}:\n\n" + _probability_table(tasks, result["rows"], kind))
         if len(shares) > 1:
             print(_calibration_line(tasks, result["calibration"][kind]))
-    print("\n" + _timing_line(family.name, result["rows"]), flush=True)
+    result["compile_seconds"] = compiling["seconds"]
+    print("\n" + _timing_line(family.name, result["rows"], compiling["seconds"]), flush=True)
     if len(shares) == 1:  # the even mixture, as the bench reported it before the sweep
         row = result["rows"][0]
         result.update(mean=row["full"]["mean"], kl=row["full"]["kl"], top=row["top"])

@@ -73,7 +73,7 @@ def token_prompts(
     *,
     tries: int = 200,
 ) -> list[TokenPrompt]:
-    """``count`` prompts of ``family.superposition_prompt``, tokenized, each with a query
+    """``count`` prompts of ``superposition_prompt``, tokenized, each with a query
     whose answers for ``tasks`` start with pairwise different tokens (prompts whose
     query fails that are drawn again, at most ``tries`` times each).
 
