@@ -38,7 +38,8 @@ from lhc import bench, lm
 from lhc.data import topics
 from lhc.icl import classification, iterative, mixtures, taskvectors
 from lhc.icl.families import get_family
-from lhc.icl.scoring import kl_to_proportions, with_other
+from lhc.icl.scoring import continuation_logprobs, kl_to_proportions, with_other
+from lhc.icl.shared_prefix import score_answers
 from lhc.icl.superposition import NEWLINE, SEPARATOR, mixture_prompt, superposition_curve
 
 
@@ -322,12 +323,51 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
         print(f"\n{title}:\n\n" + _probability_table(tasks, result["rows"], kind))
         if len(shares) > 1:
             print(_calibration_line(tasks, result["calibration"][kind]))
+    if args.baseline:
+        first = result["rows"][0]["proportions"]
+        result["baseline"] = _separate_baseline(
+            args, model, params, tokenizer, family, tasks, first, demos
+        )
     result["compile_seconds"] = compiling["seconds"]
     print("\n" + _timing_line(family.name, result["rows"], compiling["seconds"]), flush=True)
     if len(shares) == 1:  # the even mixture, as the bench reported it before the sweep
         row = result["rows"][0]
         result.update(mean=row["full"]["mean"], kl=row["full"]["kl"], top=row["top"])
     return result
+
+
+def _separate_baseline(args, model, params, tokenizer, family, tasks, proportions, demos):
+    """The first ``--batch`` prompts (at most ``--prompts``) of the first mixture scored
+    both ways: each prompt prefilled once (``score_answers``) and each prompt + answer run
+    separately (``continuation_logprobs``, as the bench did before); times after a
+    compiling call."""
+    groups = [(tasks, proportions)]
+    count = min(args.batch, args.prompts)
+    (group,) = mixtures.draw(tokenizer, family, groups, demos, count, args.seed)
+    prompts, answers = [p.tokens for p in group], [p.answers for p in group]
+    shared_seconds, shared = bench.timed(
+        lambda: score_answers(model, params, prompts, answers, batch_size=args.batch), 1
+    )
+    flat_prompts = [p for p, group in zip(prompts, answers) for _ in group]
+    flat_answers = [a for group in answers for a in group]
+    separate_seconds, separate = bench.timed(
+        lambda: continuation_logprobs(
+            model, params, flat_prompts, flat_answers, batch_size=args.batch
+        ),
+        1,
+    )
+    difference = float(np.abs(shared.logprobs.ravel() - separate).max())
+    print(
+        f"baseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, each prompt + answer "
+        f"run separately {separate_seconds:.1f} s, shared prefix {shared_seconds:.1f} s "
+        f"({separate_seconds / shared_seconds:.2f}x); largest |log p(answer)| difference "
+        f"{difference:.1e}"
+    )
+    return dict(
+        separate_seconds=separate_seconds,
+        shared_seconds=shared_seconds,
+        largest_difference=difference,
+    )
 
 
 def _superposition_parser():
@@ -351,6 +391,12 @@ def _superposition_parser():
         default=None,
         help="with --checkpoint and one --family: the tasks mixed (default: all of the "
         "family's); --points sweeps the first one's share",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="with --checkpoint: also time the first --batch prompts of the first mixture "
+        "scored with every prompt + answer run separately, and compare the scores",
     )
     p.add_argument(
         "--single-task",
@@ -388,15 +434,23 @@ def _superposition_args(argv: Sequence[str]):
     """Parsed and checked: counts in range, checkpoint-only flags only with --checkpoint."""
     parser = _superposition_parser()
     args = parser.parse_args(argv)
-    bounds = {"--prompts": (args.prompts, 1), "--demos": (args.demos, 0),
-              "--batch": (args.batch, 1), "--points": (args.points, 2)}  # fmt: skip
+    bounds = {
+        "--prompts": (args.prompts, 1),
+        "--demos": (args.demos, 0),
+        "--batch": (args.batch, 1),
+        "--points": (args.points, 2),
+    }
     for flag, (value, least) in bounds.items():
         if value is not None and value < least:
             parser.error(f"{flag}: expected an integer >= {least}, got {value}")
     if args.workdir and (args.tasks or args.single_task):
         parser.error("--tasks and --single-task: expected with --checkpoint, got --workdir")
-    if args.single_task and (args.tasks or args.points):
-        parser.error("--single-task: expected without --tasks and --points (it runs every task)")
+    if args.single_task and (args.tasks or args.points or args.baseline):
+        parser.error(
+            "--single-task: expected without --tasks, --points and --baseline (it runs every task)"
+        )
+    if args.workdir and args.baseline:
+        parser.error("--baseline: expected with --checkpoint, got --workdir")
     if args.workdir and args.points is None:
         args.points = 11
     return args

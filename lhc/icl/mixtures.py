@@ -190,15 +190,23 @@ def sweep_proportions(num_tasks: int, shares: Sequence[float]) -> np.ndarray:
     return np.concatenate([shares[:, None], rest], axis=1)
 
 
-def _run(model, params, tokenizer, family, groups, num_demos, prompts, seed, batch):
-    """``measure`` of each ``(tasks, proportions)`` of ``groups``, every prompt padded to
-    one width and every answer to another (one compiled program: the first call
-    compiles), with its ``seconds`` and the ``width``."""
+def draw(tokenizer, family: Family, groups, num_demos: int, prompts: int, seed: int):
+    """``prompts`` prompts (``token_prompts``) of each ``(tasks, proportions)`` of
+    ``groups``; group ``i`` draws from a generator of (seed, family and tasks, i), so the
+    first n of its prompts are the same whatever the count."""
     drawn = []
     for i, (tasks, row) in enumerate(groups):
         rng = _rng(seed, "/".join([family.name, *tasks]), i)
         proportions = dict(zip(tasks, row))
         drawn.append(token_prompts(rng, family, tasks, proportions, num_demos, prompts, tokenizer))
+    return drawn
+
+
+def _run(model, params, tokenizer, family, groups, num_demos, prompts, seed, batch):
+    """``measure`` of each ``(tasks, proportions)`` of ``groups``, every prompt padded to
+    one width and every answer to another (one compiled program: the first call
+    compiles), with its ``seconds`` and the ``width``."""
+    drawn = draw(tokenizer, family, groups, num_demos, prompts, seed)
     every = [p for group in drawn for p in group]
     width = bucket_length(max(len(p.tokens) for p in every))
     longest_answer = max(len(a) for p in every for a in p.answers)

@@ -98,7 +98,7 @@ def test_families_on_an_hf_checkpoint(hf_model, tmp_path, capsys):
 
 def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path, capsys):
     path = tmp_path / "sweep.json"
-    args = ["--family", "addition", "--tasks", "english,digits", "--points", "3"]
+    args = ["--family", "addition", "--tasks", "english,digits", "--points", "3", "--baseline"]
     result = bench.main(_checkpoint_args(hf_model, *args, "--json", str(path)))
     sweep = result["addition"]
     assert [r["proportions"] for r in sweep["rows"]] == [[0, 1], [0.5, 0.5], [1, 0]]
@@ -110,6 +110,9 @@ def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path,
     assert "\n| 0.50 | " in out and "calibration: english " in out
     assert "addition: 3 mixtures, prompts padded to " in out and " s (compilation " in out
     assert sweep["compile_seconds"] > 0  # its shapes are new: the first call compiled
+    # The first mixture's prompts, each prompt + answer also run alone: the same scores.
+    assert sweep["baseline"]["largest_difference"] < 1e-4
+    assert "baseline: 2 prompts of d = 0.00, each prompt + answer run separately " in out
     single = bench.main(_checkpoint_args(hf_model, "--family", "copy", "--single-task"))
     assert set(single["copy"]) == {"copy_a", "copy_b", "sum"}
     for row in single["copy"].values():
@@ -122,14 +125,15 @@ def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path,
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--points", "1"], "--points: expected an integer >= 2, got 1"),
-        (["--prompts", "0"], "--prompts: expected an integer >= 1, got 0"),
-        (["--single-task", "--points", "3"], "--single-task: expected without --tasks"),
+        ("--checkpoint x --points 1", "--points: expected an integer >= 2, got 1"),
+        ("--checkpoint x --prompts 0", "--prompts: expected an integer >= 1, got 0"),
+        ("--checkpoint x --single-task --points 3", "--single-task: expected without --tasks"),
+        ("--workdir x --baseline", "--baseline: expected with --checkpoint, got --workdir"),
     ],
 )
 def test_bad_superposition_flags(args, message, capsys):
     with pytest.raises(SystemExit):
-        bench.main(["superposition", "--checkpoint", "x", *args])
+        bench.main(["superposition", *args.split()])
     assert message in capsys.readouterr().err
 
 
