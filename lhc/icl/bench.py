@@ -323,13 +323,13 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
         print(f"\n{title}:\n\n" + _probability_table(tasks, result["rows"], kind))
         if len(shares) > 1:
             print(_calibration_line(tasks, result["calibration"][kind]))
+    result["compile_seconds"] = compiling["seconds"]
+    print("\n" + _timing_line(family.name, result["rows"], compiling["seconds"]), flush=True)
     if args.baseline:
         first = result["rows"][0]["proportions"]
         result["baseline"] = _separate_baseline(
             args, model, params, tokenizer, family, tasks, first, demos
         )
-    result["compile_seconds"] = compiling["seconds"]
-    print("\n" + _timing_line(family.name, result["rows"], compiling["seconds"]), flush=True)
     if len(shares) == 1:  # the even mixture, as the bench reported it before the sweep
         row = result["rows"][0]
         result.update(mean=row["full"]["mean"], kl=row["full"]["kl"], top=row["top"])
@@ -358,7 +358,7 @@ def _separate_baseline(args, model, params, tokenizer, family, tasks, proportion
     )
     difference = float(np.abs(shared.logprobs.ravel() - separate).max())
     print(
-        f"baseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, each prompt + answer "
+        f"\nbaseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, each prompt + answer "
         f"run separately {separate_seconds:.1f} s, shared prefix {shared_seconds:.1f} s "
         f"({separate_seconds / shared_seconds:.2f}x); largest |log p(answer)| difference "
         f"{difference:.1e}"
