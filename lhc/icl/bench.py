@@ -339,33 +339,35 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
 def _separate_baseline(args, model, params, tokenizer, family, tasks, proportions, demos):
     """The first ``--batch`` prompts (at most ``--prompts``) of the first mixture scored
     both ways: each prompt prefilled once (``score_answers``) and each prompt + answer run
-    separately (``continuation_logprobs``, as the bench did before); times after a
-    compiling call."""
+    separately (``continuation_logprobs``, as the bench did before); the best of
+    ``--repeats`` calls of each, in turn, after a compiling call."""
     groups = [(tasks, proportions)]
     count = min(args.batch, args.prompts)
     (group,) = mixtures.draw(tokenizer, family, groups, demos, count, args.seed)
     prompts, answers = [p.tokens for p in group], [p.answers for p in group]
-    shared_seconds, shared = bench.timed(
-        lambda: score_answers(model, params, prompts, answers, batch_size=args.batch), 1
-    )
     flat_prompts = [p for p, group in zip(prompts, answers) for _ in group]
     flat_answers = [a for group in answers for a in group]
-    separate_seconds, separate = bench.timed(
-        lambda: continuation_logprobs(
+    scores = {}
+
+    def shared():
+        scores["shared"] = score_answers(model, params, prompts, answers, batch_size=args.batch)
+
+    def separate():
+        scores["separate"] = continuation_logprobs(
             model, params, flat_prompts, flat_answers, batch_size=args.batch
-        ),
-        1,
-    )
-    difference = float(np.abs(shared.logprobs.ravel() - separate).max())
+        )
+
+    seconds = bench.interleaved_best({"separate": separate, "shared": shared}, args.repeats)
+    difference = float(np.abs(scores["shared"].logprobs.ravel() - scores["separate"]).max())
     print(
-        f"\nbaseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, each prompt + answer "
-        f"run separately {separate_seconds:.1f} s, shared prefix {shared_seconds:.1f} s "
-        f"({separate_seconds / shared_seconds:.2f}x); largest |log p(answer)| difference "
-        f"{difference:.1e}"
+        f"\nbaseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, best of "
+        f"{args.repeats}: each prompt + answer run separately {seconds['separate']:.1f} s, "
+        f"shared prefix {seconds['shared']:.1f} s ({seconds['separate'] / seconds['shared']:.2f}x); "
+        f"largest |log p(answer)| difference {difference:.1e}"
     )
     return dict(
-        separate_seconds=separate_seconds,
-        shared_seconds=shared_seconds,
+        separate_seconds=seconds["separate"],
+        shared_seconds=seconds["shared"],
         largest_difference=difference,
     )
 
@@ -398,6 +400,7 @@ def _superposition_parser():
         help="with --checkpoint: also time the first --batch prompts of the first mixture "
         "scored with every prompt + answer run separately, and compare the scores",
     )
+    p.add_argument("--repeats", type=int, default=3, help="timed calls of each --baseline")
     p.add_argument(
         "--single-task",
         action="store_true",
@@ -438,6 +441,7 @@ def _superposition_args(argv: Sequence[str]):
         "--prompts": (args.prompts, 1),
         "--demos": (args.demos, 0),
         "--batch": (args.batch, 1),
+        "--repeats": (args.repeats, 1),
         "--points": (args.points, 2),
     }
     for flag, (value, least) in bounds.items():

@@ -98,7 +98,17 @@ def test_families_on_an_hf_checkpoint(hf_model, tmp_path, capsys):
 
 def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path, capsys):
     path = tmp_path / "sweep.json"
-    args = ["--family", "addition", "--tasks", "english,digits", "--points", "3", "--baseline"]
+    args = [
+        "--family",
+        "addition",
+        "--tasks",
+        "english,digits",
+        "--points",
+        "3",
+        "--baseline",
+        "--repeats",
+        "1",
+    ]
     result = bench.main(_checkpoint_args(hf_model, *args, "--json", str(path)))
     sweep = result["addition"]
     assert [r["proportions"] for r in sweep["rows"]] == [[0, 1], [0.5, 0.5], [1, 0]]
@@ -112,7 +122,7 @@ def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path,
     assert sweep["compile_seconds"] > 0  # its shapes are new: the first call compiled
     # The first mixture's prompts, each prompt + answer also run alone: the same scores.
     assert sweep["baseline"]["largest_difference"] < 1e-4
-    assert "baseline: 2 prompts of d = 0.00, each prompt + answer run separately " in out
+    assert "baseline: 2 prompts of d = 0.00, best of 1: each prompt + answer run separately " in out
     single = bench.main(_checkpoint_args(hf_model, "--family", "copy", "--single-task"))
     assert set(single["copy"]) == {"copy_a", "copy_b", "sum"}
     for row in single["copy"].values():
