@@ -6,11 +6,17 @@ proportion d of the first task::
 
     lhc bench icl superposition --workdir /tmp/sup/bias_add --prompts 50
 
-The paper's task families on an imported Hugging Face checkpoint (answer probability of
-every task, "other", KL to the in-context proportions)::
+The paper's task families on a checkpoint (a Hugging Face directory, a GGUF file or
+``smollm2-135m-instruct``; ``lhc.icl.mixtures``): every task's probability, of its
+answer's first token and of the whole answer with its line end, each prompt prefilled
+once and its answers scored on copies of the cache. ``--single-task`` runs each task
+alone (accuracy); ``--points N`` sweeps the share d of the first of ``--tasks`` (the
+others sharing 1 - d); without it, the even mixture::
 
-    lhc bench icl superposition --checkpoint ~/Llama-3.1-8B --family addition,country \
-        --demos 60 --prompts 100
+    lhc bench icl superposition --checkpoint smollm2-135m-instruct --family case,numbers \
+        --single-task --demos 32 --prompts 16
+    lhc bench icl superposition --checkpoint smollm2-135m-instruct --family case \
+        --tasks copy,upper --points 5 --demos 32 --prompts 32
 
 ``lhc bench icl vectors``: Iterative Vectors against the plain prompt and Task Vectors
 on generated classification tasks, with a model of ``configs/icl_classification.py``::
@@ -20,17 +26,20 @@ on generated classification tasks, with a model of ``configs/icl_classification.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from lhc import bench, lm
 from lhc.data import topics
-from lhc.icl import classification, iterative, taskvectors
-from lhc.icl.families import get_family, superposition_prompt
-from lhc.icl.scoring import answer_probabilities, kl_to_proportions, with_other
+from lhc.icl import classification, iterative, mixtures, taskvectors
+from lhc.icl.families import get_family
+from lhc.icl.scoring import continuation_logprobs, kl_to_proportions, with_other
+from lhc.icl.shared_prefix import score_answers
 from lhc.icl.superposition import NEWLINE, SEPARATOR, mixture_prompt, superposition_curve
 
 
@@ -153,47 +162,214 @@ def scratch_task_vectors(model, params, task, pair, proportions, names, args) ->
     return dict(layer=layer, per_layer=[scores.tolist() for _, scores in layers], rows=rows)
 
 
-def _answer_tokens(tokenizer, text: str, answer: str) -> list[int]:
-    """The answer's tokens as the model sees them after ``text`` (the tail of the joint
-    encoding when it extends the prompt's, else the answer alone)."""
-    prompt, joint = tokenizer.encode(text), tokenizer.encode(text + answer)
-    if joint[: len(prompt)] == prompt and len(joint) > len(prompt):
-        return joint[len(prompt) :]
-    return tokenizer.encode(answer)
+def _probability_table(tasks, rows, kind: str) -> str:
+    """One row per mixture: the first task's share, each task's mean probability, "other",
+    the KLs, the spread and (first tokens) the top-K share."""
+    shown = []
+    for row in rows:
+        stats = row[kind]
+        cells = {f"p{i}": m for i, m in enumerate(stats["mean"])}
+        shown.append(
+            dict(
+                cells,
+                d=row["proportions"][0],
+                other=stats["other"],
+                kl=stats["kl"],
+                kl_within=stats["kl_within"],
+                spread=stats["spread"],
+                top=row["top"] if kind == "first" else None,
+            )
+        )
+    columns = [("d", "d", ".2f")] + [(f"P({t})", f"p{i}", ".3f") for i, t in enumerate(tasks)]
+    columns += [("other", "other", ".3f"), ("KL", "kl", ".2f"),
+                ("KL within", "kl_within", ".3f"), ("spread", "spread", ".2f")]  # fmt: skip
+    if kind == "first":
+        columns.append(("top-K", "top", ".2f"))
+    return bench.markdown_table(columns, shown)
+
+
+def _calibration_line(tasks, calibration: dict) -> str:
+    grows = ", ".join(
+        f"{t} {'monotone' if m else 'grows' if g else 'does not grow'}"
+        for t, g, m in zip(tasks, calibration["grows"], calibration["monotone"])
+    )
+    return f"calibration: {grows}; r {calibration['r']:.2f}, slope {calibration['slope']:.2f}"
+
+
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+@contextlib.contextmanager
+def _compile_clock():
+    """``{"seconds": ...}``: what JAX spends tracing, lowering and compiling in the block
+    (from its monitoring events)."""
+    spent = {"seconds": 0.0}
+
+    def record(event, duration, **_):
+        if event in _COMPILE_EVENTS:
+            spent["seconds"] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        yield spent
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)
+
+
+def _timing_line(name: str, rows, compile_seconds: float) -> str:
+    """The first call compiles; the others show the steady cost."""
+    seconds = [row["seconds"] for row in rows]
+    rest = f", the others {np.mean(seconds[1:]):.1f} s each" if len(seconds) > 1 else ""
+    return (
+        f"{name}: {len(rows)} mixtures, prompts padded to {rows[0]['width']} tokens; "
+        f"first {seconds[0]:.1f} s (compilation {compile_seconds:.1f} s){rest}; "
+        f"{sum(seconds):.0f} s in all"
+    )
+
+
+def _single_task_table(args, model, params, tokenizer) -> dict:
+    result, shown = {}, []
+    for name in args.family:
+        family = get_family(name)
+        with _compile_clock() as compiling:
+            result[name] = mixtures.single_task(
+                model,
+                params,
+                tokenizer,
+                family,
+                num_demos=args.demos or 60,
+                prompts=args.prompts,
+                seed=args.seed,
+                batch=args.batch,
+            )
+        rows = list(result[name].values())
+        print(_timing_line(name, rows, compiling["seconds"]), flush=True)
+        for task, row in result[name].items():
+            shown.append(
+                dict(
+                    family=name,
+                    task=task,
+                    first=row["first"]["mean"][0],
+                    first_acc=row["first_accuracy"][0],
+                    full=row["full"]["mean"][0],
+                    greedy=row["greedy_accuracy"][0],
+                    alone="yes" if row["greedy_accuracy"][0] >= 0.5 else "no",
+                )
+            )
+    columns = [("family", "family"), ("task", "task"), ("P(first token)", "first", ".3f"),
+               ("first-token acc", "first_acc", ".2f"), ("P(answer)", "full", ".3f"),
+               ("greedy acc", "greedy", ".2f"), ("alone (greedy >= 0.5)", "alone")]  # fmt: skip
+    print("\nsingle-task prompts (every demonstration of the task):\n")
+    print(bench.markdown_table(columns, shown))
+    return result
 
 
 def family_table(args) -> dict:
+    """The paper's families on a checkpoint: the single tasks (``--single-task``), the
+    proportion sweep (``--points``) or the even mixture."""
+    if args.tasks and len(args.family) != 1:
+        raise SystemExit(f"--tasks: expected one --family, got {len(args.family)}")
+    for name in args.family:
+        try:
+            family = get_family(name)
+        except ValueError as error:
+            raise SystemExit(f"--family: {error}") from None
+    if args.tasks and (len(set(args.tasks)) < 2 or not set(args.tasks) <= set(family.tasks)):
+        raise SystemExit(
+            f"--tasks: expected two or more distinct tasks of family {family.name!r} "
+            f"({', '.join(family.tasks)}), got {','.join(args.tasks)}"
+        )
     ckpt = bench.load_model_source(args)
     model, params = ckpt.model, ckpt.params
     tokenizer = lm.load_tokenizer(args.tokenizer) if args.tokenizer else ckpt.tokenizer
-    bos = [] if tokenizer.bos_id is None else [tokenizer.bos_id]
-    rng = np.random.default_rng(args.seed)
     demos = args.demos or 60
-    result = {}
-    print(f"model: {args.checkpoint}; {demos} demonstrations, {args.prompts} prompts")
-    for name in args.family:
-        family = get_family(name)
-        proportions = {t: 1 / len(family.tasks) for t in family.tasks}
-        prompts, answers = [], []
-        for _ in range(args.prompts):
-            prompt = superposition_prompt(rng, family, proportions, demos)
-            prompts.append(bos + tokenizer.encode(prompt.text))
-            answers.append(
-                [_answer_tokens(tokenizer, prompt.text, prompt.answers[t]) for t in family.tasks]
-            )
-        probs = answer_probabilities(model, params, prompts, answers, batch_size=args.batch)
-        kl = kl_to_proportions(probs, [proportions[t] for t in family.tasks])
-        top = np.mean([set(np.argsort(-p)[: len(p)]) == set(range(len(p))) for p in probs])
-        mean = probs.mean(0)
-        print(
-            f"\n{name}: "
-            + ", ".join(f"P({t}) {m:.3f}" for t, m in zip(family.tasks, mean))
-            + f", other {with_other(mean)[-1]:.3f}; KL {kl.mean():.3f}"
-        )
-        result[name] = dict(
-            tasks=list(family.tasks), mean=mean.tolist(), kl=float(kl.mean()), top=float(top)
-        )
+    print(f"model: {args.checkpoint}; {demos} demonstrations, {args.prompts} prompts per mixture")
+    began = time.perf_counter()
+    if args.single_task:
+        result = _single_task_table(args, model, params, tokenizer)
+    else:
+        result = {}
+        for name in args.family:
+            result[name] = _family_sweep(args, model, params, tokenizer, get_family(name), demos)
+    print(f"\n{time.perf_counter() - began:.0f} s")
     return result
+
+
+def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
+    tasks = list(args.tasks or family.tasks)
+    shares = np.linspace(0, 1, args.points) if args.points else [1 / len(tasks)]
+    try:
+        with _compile_clock() as compiling:
+            result = mixtures.sweep(
+                model,
+                params,
+                tokenizer,
+                family,
+                tasks,
+                shares,
+                num_demos=demos,
+                prompts=args.prompts,
+                seed=args.seed,
+                batch=args.batch,
+            )
+    except ValueError as error:
+        raise SystemExit(f"--family {family.name}: {error}") from None
+    print(f"\n{family.name}: d = share of {tasks[0]}, the others (1 - d) / {len(tasks) - 1}")
+    for kind, title in (("first", "first token"), ("full", "full answer and line end")):
+        print(f"\n{title}:\n\n" + _probability_table(tasks, result["rows"], kind))
+        if len(shares) > 1:
+            print(_calibration_line(tasks, result["calibration"][kind]))
+    result["compile_seconds"] = compiling["seconds"]
+    print("\n" + _timing_line(family.name, result["rows"], compiling["seconds"]), flush=True)
+    if args.baseline:
+        first = result["rows"][0]["proportions"]
+        result["baseline"] = _separate_baseline(
+            args, model, params, tokenizer, family, tasks, first, demos
+        )
+    if len(shares) == 1:  # the even mixture, as the bench reported it before the sweep
+        row = result["rows"][0]
+        result.update(mean=row["full"]["mean"], kl=row["full"]["kl"], top=row["top"])
+    return result
+
+
+def _separate_baseline(args, model, params, tokenizer, family, tasks, proportions, demos):
+    """The first ``--batch`` prompts (at most ``--prompts``) of the first mixture scored
+    both ways: each prompt prefilled once (``score_answers``) and each prompt + answer run
+    separately (``continuation_logprobs``, as the bench did before); the best of
+    ``--repeats`` calls of each, in turn, after a compiling call."""
+    groups = [(tasks, proportions)]
+    count = min(args.batch, args.prompts)
+    (group,) = mixtures.draw(tokenizer, family, groups, demos, count, args.seed)
+    prompts, answers = [p.tokens for p in group], [p.answers for p in group]
+    flat_prompts = [p for p, group in zip(prompts, answers) for _ in group]
+    flat_answers = [a for group in answers for a in group]
+    scores = {}
+
+    def shared():
+        scores["shared"] = score_answers(model, params, prompts, answers, batch_size=args.batch)
+
+    def separate():
+        scores["separate"] = continuation_logprobs(
+            model, params, flat_prompts, flat_answers, batch_size=args.batch
+        )
+
+    seconds = bench.interleaved_best({"separate": separate, "shared": shared}, args.repeats)
+    difference = float(np.abs(scores["shared"].logprobs.ravel() - scores["separate"]).max())
+    print(
+        f"\nbaseline: {len(prompts)} prompts of d = {proportions[0]:.2f}, best of "
+        f"{args.repeats}: each prompt + answer run separately {seconds['separate']:.1f} s, "
+        f"shared prefix {seconds['shared']:.1f} s ({seconds['separate'] / seconds['shared']:.2f}x); "
+        f"largest |log p(answer)| difference {difference:.1e}"
+    )
+    return dict(
+        separate_seconds=seconds["separate"],
+        shared_seconds=seconds["shared"],
+        largest_difference=difference,
+    )
 
 
 def _superposition_parser():
@@ -211,11 +387,36 @@ def _superposition_parser():
         default="addition",
         help="with --checkpoint: comma-separated family names",
     )
+    p.add_argument(
+        "--tasks",
+        type=bench.str_list,
+        default=None,
+        help="with --checkpoint and one --family: the tasks mixed (default: all of the "
+        "family's); --points sweeps the first one's share",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="with --checkpoint: also time the first --batch prompts of the first mixture "
+        "scored with every prompt + answer run separately, and compare the scores",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed calls of each --baseline")
+    p.add_argument(
+        "--single-task",
+        action="store_true",
+        help="with --checkpoint: each task of each family alone (accuracy table)",
+    )
     p.add_argument("--prompts", type=int, default=50)
     p.add_argument(
         "--demos", type=int, default=0, help="default: the training prompts' (60 with --checkpoint)"
     )
-    p.add_argument("--points", type=int, default=11, help="proportions in [0, 1]")
+    p.add_argument(
+        "--points",
+        type=int,
+        default=None,
+        help="proportions d in [0, 1] (default 11 with --workdir; with --checkpoint the "
+        "even mixture unless given)",
+    )
     p.add_argument(
         "--task-params",
         type=bench.index_list,
@@ -230,6 +431,33 @@ def _superposition_parser():
     )
     p.add_argument("--seed", type=int, default=0)
     return p
+
+
+def _superposition_args(argv: Sequence[str]):
+    """Parsed and checked: counts in range, checkpoint-only flags only with --checkpoint."""
+    parser = _superposition_parser()
+    args = parser.parse_args(argv)
+    bounds = {
+        "--prompts": (args.prompts, 1),
+        "--demos": (args.demos, 0),
+        "--batch": (args.batch, 1),
+        "--repeats": (args.repeats, 1),
+        "--points": (args.points, 2),
+    }
+    for flag, (value, least) in bounds.items():
+        if value is not None and value < least:
+            parser.error(f"{flag}: expected an integer >= {least}, got {value}")
+    if args.workdir and (args.tasks or args.single_task):
+        parser.error("--tasks and --single-task: expected with --checkpoint, got --workdir")
+    if args.single_task and (args.tasks or args.points or args.baseline):
+        parser.error(
+            "--single-task: expected without --tasks, --points and --baseline (it runs every task)"
+        )
+    if args.workdir and args.baseline:
+        parser.error("--baseline: expected with --checkpoint, got --workdir")
+    if args.workdir and args.points is None:
+        args.points = 11
+    return args
 
 
 def _generated_task(classes, keywords, input_length, noise, seed):
@@ -348,10 +576,12 @@ def vectors_table(args) -> dict:
     ]
     shown.append(dict(task="mean", clean=mean["clean_f1"], tv=mean["tv_f1"], iv=mean["iv_f1"]))
     columns = [
-        ("task", "task"), ("labels", "labels"), ("clean F1 (acc)", "clean", ".3f"),
+        ("task", "task"),
+        ("labels", "labels"),
+        ("clean F1 (acc)", "clean", ".3f"),
         ("Task Vectors F1 (acc, layer)", "tv", ".3f"),
         ("Iterative Vectors F1 (acc; ext_shot, strength, ext_strength)", "iv", ".3f"),
-    ]  # fmt: skip
+    ]
     print("\n" + bench.markdown_table(columns, shown))
     return dict(
         workdir=args.workdir,
@@ -395,7 +625,7 @@ def main(argv: Sequence[str]) -> dict:
     """``lhc bench icl superposition ...`` or ``lhc bench icl vectors ...``."""
     which = argv[0] if argv else None
     if which == "superposition":
-        args = _superposition_parser().parse_args(argv[1:])
+        args = _superposition_args(argv[1:])
         result = family_table(args) if args.checkpoint else scratch_curve(args)
     elif which == "vectors":
         args = _vectors_parser().parse_args(argv[1:])

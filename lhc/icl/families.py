@@ -15,6 +15,15 @@ ones of the official code:
 * ``"letters"``: an English word; its first or last letter, lower- or upper-case.
 * ``"arith"``: an integer x in [10, 99]; x + 1, 2x, x * x or x - 1.
 
+Three families that are not the paper's, of tasks a 135M-parameter model does alone in
+context (``experiments/icl_superposition``):
+
+* ``"case"``: an English word; the word itself, upper-cased, or capitalised.
+* ``"antonym"``: an English word of ``ANTONYMS``; its opposite, the word itself, or the
+  word upper-cased.
+* ``"numbers"``: a number from one to twenty in English words; in digits, French or
+  Spanish.
+
 Every family guarantees that, for each sampled input, the task answers are pairwise
 different strings (inputs where two tasks would agree are resampled, and the word and
 country tables are chosen so that none would), so the task behind a model's answer is
@@ -41,6 +50,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 __all__ = [
+    "ANTONYMS",
     "COUNTRIES",
     "FAMILIES",
     "LANGUAGES",
@@ -277,6 +287,23 @@ WORDS: tuple[str, ...] = tuple(
     """.split()
 )
 
+# Pairs of opposites, each word in one pair only (lower case, ASCII).
+ANTONYMS: tuple[tuple[str, str], ...] = tuple(
+    tuple(pair.split("/"))
+    for pair in """
+    hot/cold big/small fast/slow high/low happy/sad light/dark long/short open/closed
+    rich/poor young/old early/late hard/soft full/empty wet/dry strong/weak up/down
+    left/right black/white day/night good/bad thick/thin love/hate win/lose buy/sell
+    push/pull first/last in/out yes/no true/false alive/dead clean/dirty loud/quiet
+    wide/narrow deep/shallow cheap/expensive inside/outside before/after above/below
+    always/never easy/difficult friend/enemy sweet/sour north/south east/west
+    summer/winter question/answer boy/girl asleep/awake give/take remember/forget
+    beautiful/ugly polite/rude lost/found smooth/rough near/far begin/end front/back
+    top/bottom public/private laugh/cry
+    """.split()
+)
+_OPPOSITE = {a: b for pair in ANTONYMS for a, b in (pair, pair[::-1])}
+
 # ---------------------------------------------------------------------------------------
 # Families.
 
@@ -377,6 +404,28 @@ def _arith(rng: np.random.Generator) -> Sample:
     }
 
 
+def _case(rng: np.random.Generator) -> Sample:
+    word = WORDS[int(rng.integers(len(WORDS)))]
+    return word, {"copy": word, "upper": word.upper(), "title": word.capitalize()}
+
+
+_ANTONYM_WORDS = tuple(_OPPOSITE)
+
+
+def _antonym(rng: np.random.Generator) -> Sample:
+    word = _ANTONYM_WORDS[int(rng.integers(len(_ANTONYM_WORDS)))]
+    return word, {"antonym": _OPPOSITE[word], "copy": word, "upper": word.upper()}
+
+
+def _numbers(rng: np.random.Generator) -> Sample:
+    n = int(rng.integers(1, 21))
+    return number_words(n, "english"), {
+        "digits": str(n),
+        "french": number_words(n, "french"),
+        "spanish": number_words(n, "spanish"),
+    }
+
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -387,6 +436,9 @@ FAMILIES: dict[str, Family] = {
             "letters", ("first_lower", "first_upper", "last_lower", "last_upper"), "->", _letters
         ),
         _family("arith", ("plus_one", "times_two", "square", "minus_one"), "->", _arith),
+        _family("case", ("copy", "upper", "title"), "->", _case),
+        _family("antonym", ("antonym", "copy", "upper"), "->", _antonym),
+        _family("numbers", ("digits", "french", "spanish"), "->", _numbers),
     )
 }
 

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lhc import lm, train
-from lhc.icl import bench, families
+from lhc.icl import bench, families, mixtures
 from lhc.train import config as config_lib
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -47,7 +47,9 @@ def test_superposition_curve_from_a_workdir(tmp_path, capsys):
     assert all(0 < r["first"] + r["second"] <= 1 for r in vectors["rows"])
 
 
-def test_families_on_an_hf_checkpoint(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    """A small random Hugging Face checkpoint with a BPE tokenizer trained on sums."""
     rng = np.random.default_rng(0)
     family = families.get_family("addition")
     prompts = [
@@ -69,22 +71,105 @@ def test_families_on_an_hf_checkpoint(tmp_path, capsys):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
-    model_dir = tmp_path / "model"
+    model_dir = tmp_path_factory.mktemp("hf") / "model"
     config = lm.LMConfig.tiny(vocab_size=320, max_len=256)
     lm.hf.save(config, lm.init_params(config, jax.random.key(0)), model_dir)
     tokenizer.save(str(model_dir / "tokenizer.json"))
-    loaded = lm.load_tokenizer(str(model_dir / "tokenizer.json"))
+    return model_dir
+
+
+def _checkpoint_args(model_dir, *extra):
+    source = ["--checkpoint", str(model_dir), "--tokenizer", str(model_dir / "tokenizer.json")]
+    return ["superposition", *source, *"--demos 4 --prompts 2 --dtype float32".split(), *extra]
+
+
+def test_families_on_an_hf_checkpoint(hf_model, tmp_path, capsys):
+    loaded = lm.load_tokenizer(str(hf_model / "tokenizer.json"))
     for text, answer in (("12+30->", "42"), ("50+51->", "cent un")):
-        tokens = bench._answer_tokens(loaded, text, answer)
+        tokens = mixtures.answer_tokens(loaded, text, answer)
         assert loaded.decode(loaded.encode(text) + tokens) == text + answer
-    tokenizer_path = str(model_dir / "tokenizer.json")
-    result = bench.main(
-        ["superposition", "--checkpoint", str(model_dir), "--tokenizer", tokenizer_path]
-        + "--family addition --demos 4 --prompts 2 --dtype float32".split()
-    )
-    mean = np.array(result["addition"]["mean"])
-    assert result["addition"]["tasks"] == list(family.tasks)
+    family = families.get_family("addition")
+    result = bench.main(_checkpoint_args(hf_model, "--family", "addition"))
+    even = result["addition"]
+    (row,) = even["rows"]
+    assert even["tasks"] == list(family.tasks) and row["proportions"] == [0.25] * 4
+    mean = np.array(even["mean"])
     assert mean.shape == (4,) and (mean > 0).all() and mean.sum() < 1
+    assert even["top"] == row["top"] and even["top"] in (0.0, 0.5, 1.0)
+    # A full answer is its first token and more: never more probable than the first token.
+    assert (mean <= np.array(row["first"]["mean"])).all()
+    for kind in ("first", "full"):
+        assert row[kind]["other"] == pytest.approx(1 - sum(row[kind]["mean"]))
+        assert 0 <= row[kind]["spread"] <= 1 and row[kind]["kl"] >= row[kind]["kl_within"] >= 0
+    header = "| d | P(digits) | P(english) | P(french) | P(spanish) | other | KL | KL within |"
+    assert header + " spread | top-K |\n" in capsys.readouterr().out
+
+
+def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path, capsys):
+    path = tmp_path / "sweep.json"
+    args = [
+        "--family",
+        "addition",
+        "--tasks",
+        "english,digits",
+        "--points",
+        "3",
+        "--baseline",
+        "--repeats",
+        "1",
+    ]
+    result = bench.main(_checkpoint_args(hf_model, *args, "--json", str(path)))
+    sweep = result["addition"]
+    assert [r["proportions"] for r in sweep["rows"]] == [[0, 1], [0.5, 0.5], [1, 0]]
+    for kind in ("first", "full"):
+        calibration = sweep["calibration"][kind]
+        assert len(calibration["grows"]) == 2 and -1 <= calibration["r"] <= 1
+    assert json.loads(path.read_text())["addition"]["tasks"] == ["english", "digits"]
+    out = capsys.readouterr().out
+    assert "\n| 0.50 | " in out and "calibration: english " in out
+    assert "addition: 3 mixtures, prompts padded to " in out and " s (compilation " in out
+    assert sweep["compile_seconds"] > 0  # its shapes are new: the first call compiled
+    # The first mixture's prompts, each prompt + answer also run alone: the same scores.
+    assert sweep["baseline"]["largest_difference"] < 1e-4
+    assert "baseline: 2 prompts of d = 0.00, best of 1: each prompt + answer run separately " in out
+    single = bench.main(_checkpoint_args(hf_model, "--family", "copy", "--single-task"))
+    assert set(single["copy"]) == {"copy_a", "copy_b", "sum"}
+    for row in single["copy"].values():
+        assert row["proportions"] == [1, 0, 0] and 0 <= row["greedy_accuracy"][0] <= 1
+    out = capsys.readouterr().out
+    assert "| family | task | P(first token) | first-token acc | P(answer) | greedy acc" in out
+    assert "\n| copy | copy_a | " in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ("--checkpoint x --points 1", "--points: expected an integer >= 2, got 1"),
+        ("--checkpoint x --prompts 0", "--prompts: expected an integer >= 1, got 0"),
+        ("--checkpoint x --single-task --points 3", "--single-task: expected without --tasks"),
+        ("--workdir x --baseline", "--baseline: expected with --checkpoint, got --workdir"),
+    ],
+)
+def test_bad_superposition_flags(args, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["superposition", *args.split()])
+    assert message in capsys.readouterr().err
+
+
+def test_bad_superposition_choices(hf_model, capsys):
+    with pytest.raises(SystemExit, match="--tasks: expected one --family, got 2"):
+        bench.main(_checkpoint_args(hf_model, "--family", "copy,case", "--tasks", "copy"))
+    with pytest.raises(SystemExit, match="--family: unknown task family 'nope'"):
+        bench.main(_checkpoint_args(hf_model, "--family", "nope"))
+    with pytest.raises(
+        SystemExit,
+        match=r"--tasks: expected two or more distinct tasks of "
+        r"family 'copy' \(copy_a, copy_b, sum\), got copy_a,upper",
+    ):
+        bench.main(_checkpoint_args(hf_model, "--family", "copy", "--tasks", "copy_a,upper"))
+    with pytest.raises(SystemExit):
+        bench.main(["superposition", "--workdir", "x", "--tasks", "a"])
+    assert "--tasks and --single-task: expected with --checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["superposition", "--prompts", "2"])
     assert "one of the arguments --checkpoint --workdir is required" in capsys.readouterr().err

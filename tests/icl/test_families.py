@@ -9,6 +9,7 @@ import pytest
 
 from lhc.icl import families
 from lhc.icl.families import (
+    ANTONYMS,
     COUNTRIES,
     FAMILIES,
     WORDS,
@@ -150,7 +151,16 @@ def test_number_words_unknown_language():
 
 
 def test_family_registry():
-    assert set(FAMILIES) == {"addition", "country", "copy", "letters", "arith"}
+    assert set(FAMILIES) == {
+        "addition",
+        "country",
+        "copy",
+        "letters",
+        "arith",
+        "case",
+        "antonym",
+        "numbers",
+    }
     for name, family in FAMILIES.items():
         assert isinstance(family, Family) and family.name == name
         assert get_family(name) is family
@@ -254,6 +264,44 @@ def test_arith():
             "minus_one": str(x - 1),
         }
     assert len({text for text, _ in samples}) > 60
+
+
+def test_case():
+    family, samples = draws("case")
+    assert family.tasks == ("copy", "upper", "title")
+    check_distinct(family, samples)
+    for text, answers in samples:
+        assert text in WORDS
+        assert answers == {"copy": text, "upper": text.upper(), "title": text[0].upper() + text[1:]}
+
+
+def test_antonym_table_and_family():
+    words = [word for pair in ANTONYMS for word in pair]
+    assert len(ANTONYMS) >= 50 and len(set(words)) == len(words)
+    assert all(word.isalpha() and word.islower() and word.isascii() for word in words)
+    assert ("hot", "cold") in ANTONYMS and ("laugh", "cry") in ANTONYMS
+    family, samples = draws("antonym", n=400)
+    assert family.tasks == ("antonym", "copy", "upper")
+    check_distinct(family, samples)
+    opposite = {a: b for a, b in ANTONYMS} | {b: a for a, b in ANTONYMS}
+    for text, answers in samples:
+        assert answers == {"antonym": opposite[text], "copy": text, "upper": text.upper()}
+    assert {"hot", "cold"} <= {text for text, _ in samples}
+
+
+def test_numbers():
+    family, samples = draws("numbers")
+    assert family.tasks == ("digits", "french", "spanish")
+    check_distinct(family, samples)
+    english = {ENGLISH[n]: n for n in (13, 15, 20)} | {"one": 1, "seven": 7}
+    for text, answers in samples:
+        n = int(answers["digits"])
+        assert 1 <= n <= 20 and text == number_words(n, "english")
+        assert answers["french"] == number_words(n, "french")
+        assert answers["spanish"] == number_words(n, "spanish")
+        if text in english:
+            assert n == english[text]
+    assert len({text for text, _ in samples}) == 20
 
 
 def test_samples_are_seeded():
