@@ -17,10 +17,9 @@ the acceptance rate measures.
 import ml_collections
 
 from lhc.lm.config import LMConfig
+from lhc.quantspec import PASSKEY_MODEL
 from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
-
-VOCAB = 259  # 256 bytes, pad / bos / eos
 
 
 def get_config(arg=None):
@@ -48,17 +47,6 @@ def get_config(arg=None):
         )
     )
     config.model_factory = "lhc.lm.factories:transformer_from_config"
-    config.model = model_section(
-        LMConfig,
-        vocab_size=VOCAB,
-        num_layers=4,
-        embed_dim=128,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=32,
-        mlp_dim=256,
-        max_len=16_384,
-        tie_embeddings=True,
-    )
-    config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
+    config.model = model_section(LMConfig, **PASSKEY_MODEL.to_dict())
+    config.optimizer = ml_collections.ConfigDict(adamw_cosine())
     return config

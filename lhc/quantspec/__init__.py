@@ -16,11 +16,13 @@ This package has:
 * decoding (``generate``: plain decoding on the target path; ``speculative_generate``:
   self-speculative decoding, drafts with 4-bit KV and 4-bit weights in the target's
   cache, verification at 8 bits, greedy output equal to ``generate``'s);
+* ``PASSKEY_MODEL``, the small byte-level decoder of ``configs/quantspec_passkey.py``;
 * the memory-traffic model (``step_bytes``, ``predicted_speedup``, ``NAMED`` sizes).
 """
 
 from lhc.quantspec.cache import QuantSpecCache, init_cache, kv_bytes_per_token
 from lhc.quantspec.decoding import (
+    PASSKEY_MODEL,
     QuantSpecLM,
     default_group_size,
     default_weight_group_size,
@@ -41,6 +43,7 @@ from lhc.quantspec.weights import (
 
 __all__ = [
     "NAMED",
+    "PASSKEY_MODEL",
     "Int4Weight",
     "ModelSize",
     "QuantSpecCache",

@@ -7,7 +7,7 @@ and a verification pass read, and the predicted speedup at ``--acceptance`` with
 
 Then, with ``--workdir`` (a model trained by ``lhc train``, e.g.
 ``configs/quantspec_passkey.py``), ``--checkpoint`` or ``--random`` (random weights of
-that config's shape, ``RANDOM_MODEL``), for each ``--prompt-lengths``: ``--batch``
+that config's shape, ``lhc.quantspec.PASSKEY_MODEL``), for each ``--prompt-lengths``: ``--batch``
 prompts of generated filler text, greedy decoding of ``--new-tokens`` three ways in the
 same process, each timed after an untimed warm-up call of the same shapes, decoding
 alone (the time for N tokens minus the time for one, which holds the prefill):
@@ -37,20 +37,6 @@ import numpy as np
 from lhc import bench, lm
 from lhc.quantspec import decoding, traffic
 from lhc.quantspec.weights import quantize_params
-
-# ``--random``: the model of ``configs/quantspec_passkey.py`` (byte tokens; KV groups of
-# 32 channels cover a head).
-RANDOM_MODEL = lm.LMConfig(
-    vocab_size=259,
-    num_layers=4,
-    embed_dim=128,
-    num_heads=4,
-    num_kv_heads=4,
-    head_dim=32,
-    mlp_dim=256,
-    max_len=16_384,
-    tie_embeddings=True,
-)
 
 
 def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size: int = 128):
@@ -105,13 +91,13 @@ def load_model(
 ):
     """``(model, params, tokenizer)``: an imported checkpoint's (in ``dtype``), a trained
     run's (``lhc.bench.load_model_source``: SystemExit with one line when missing), or
-    random weights of ``RANDOM_MODEL`` (byte tokens)."""
+    random weights of ``lhc.quantspec.PASSKEY_MODEL`` (byte tokens)."""
     if checkpoint is not None or workdir is not None:
         source = argparse.Namespace(checkpoint=checkpoint, workdir=workdir, dtype=dtype)
         loaded = bench.load_model_source(source)
         return loaded.model, loaded.params, loaded.tokenizer
-    params = lm.init_params(RANDOM_MODEL, jax.random.key(random_seed or 0))
-    return lm.Transformer(RANDOM_MODEL), params, lm.ByteTokenizer()
+    params = lm.init_params(decoding.PASSKEY_MODEL, jax.random.key(random_seed or 0))
+    return lm.Transformer(decoding.PASSKEY_MODEL), params, lm.ByteTokenizer()
 
 
 def filler_prompts(batch: int, length: int, seed: int = 0, tokenizer=None, filler=None):

@@ -29,6 +29,21 @@ from lhc import lm
 from lhc.quantspec.cache import QuantSpecCache, init_cache
 from lhc.quantspec.weights import dequantize_params, quantize_params
 
+# The dense decoder that ``configs/quantspec_passkey.py`` trains and ``lhc bench quantspec
+# --random`` measures: byte tokens, 4 layers of width 128, 4 heads of 32 channels (so that
+# the cache's KV groups of 32 channels cover a head).
+PASSKEY_MODEL = lm.LMConfig(
+    vocab_size=259,
+    num_layers=4,
+    embed_dim=128,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=32,
+    mlp_dim=256,
+    max_len=16_384,
+    tie_embeddings=True,
+)
+
 
 class QuantSpecLM(lm.Transformer):
     """An ``lhc.lm.Transformer`` whose ``init_cache`` makes a ``QuantSpecCache``.

@@ -7,7 +7,7 @@ import pathlib
 import jax
 import pytest
 
-from lhc import lm
+from lhc import lm, quantspec
 from lhc.quantspec import bench
 from lhc.train.config import load_config
 
@@ -44,7 +44,7 @@ def test_model_sources():
         bench.main([*small, "--workdir", "/nonexistent/run"])
     # --random is the shape that configs/quantspec_passkey.py trains.
     config = load_config(str(CONFIGS / "quantspec_passkey.py") + ":tiny")
-    assert bench.RANDOM_MODEL == lm.LMConfig(**dict(config.model))
+    assert lm.LMConfig(**dict(config.model)) == quantspec.PASSKEY_MODEL
 
 
 def test_measured_rows_on_a_tiny_model():
