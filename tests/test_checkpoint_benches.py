@@ -51,13 +51,19 @@ def test_quantspec(checkpoint):
 
 def test_icl_vectors(checkpoint):
     flags = (
-        "--tasks 1 --classes 2 --shots 1 --episodes 2 --val-episodes 2 --test-episodes 4 "
+        "--word-tasks topic-letters --shots 1 --episodes 2 --val-episodes 2 --test-episodes 4 "
         "--ext-shots 1 --strengths 0.1 --ext-strengths 0.1"
     ).split()
     result = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
     (row,) = result["rows"]
-    assert [label.split("=")[0] for label in row["labels"]] == ["A", "B"]
+    assert row["labels"] == ["A", "B", "C", "D"] and row["task"] == "topic-letters"
     assert 0 <= row["clean_f1"] <= 1 and 0 <= row["iv_f1"] <= 1
+    flags = "--clean-only --word-tasks case-letters --seeds 1,2 --val-episodes 3".split()
+    chosen = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
+    assert [(r["task"], r["seed"], r["chance"]) for r in chosen["rows"]] == [
+        ("case-letters", 1, 1 / 3),
+        ("case-letters", 2, 1 / 3),
+    ]
 
 
 def test_emloc(checkpoint):

@@ -17,6 +17,7 @@ every repeat, so that a slow spell of a shared machine hits all of them alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -193,6 +194,32 @@ def interleaved_best(
             if between is not None:
                 between()
     return best
+
+
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+@contextlib.contextmanager
+def compile_clock():
+    """``{"seconds": ...}``: what JAX spends tracing, lowering and compiling in the block
+    (from its monitoring events)."""
+    import jax
+
+    spent = {"seconds": 0.0}
+
+    def record(event, duration, **_):
+        if event in COMPILE_EVENTS:
+            spent["seconds"] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        yield spent
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)
 
 
 # Output -------------------------------------------------------------------------------

@@ -230,6 +230,10 @@ class TopicTask:
             return tuple(f" {topic}" for topic in self.topics)
         return tuple(f" {chr(ord('A') + i)}" for i in range(self.num_classes))
 
+    def prompt_input(self, text: str) -> str:
+        """A demonstration's input, ``Text: <sentence>\\nTopic`` (the label follows a colon)."""
+        return f"Text: {text}\nTopic"
+
     def sentence(self, rng: np.random.Generator, label: int) -> str:
         subjects, predicates, complements = TOPICS[self.topics[label]]
         parts = [part[int(rng.integers(len(part)))] for part in (subjects, predicates, complements)]

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.nn.intervention import Intervention
+from lhc.nn import intervention as edits
+from lhc.nn.intervention import Edit, Intervention
 
 SITES = {"residual": "residual", "attention": "attention_out", "layer_input": "layer_input"}
 
@@ -55,15 +56,16 @@ def layer_stack(intermediates, site: str, config) -> jax.Array:
     return jnp.stack([inter[f"layers_{i}"][name][0] for i in range(config.num_layers)])
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("site",))
-def _read(model, params, tokens, positions, at, intervention, *, site):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("site", "logits"))
+def _read(model, params, tokens, positions, at, intervention, *, site, logits=True):
     extra = {} if intervention is None else {"intervention": intervention}
-    (logits, _), state = model.apply(
+    (out, _), state = model.apply(
         {"params": params}, tokens, positions, mutable=["intermediates"], **extra
     )
     stack = layer_stack(state["intermediates"], site, model.config)
     rows = jnp.arange(tokens.shape[0])[:, None]
-    return stack[:, rows, at], logits[rows, at]
+    # Unused logits are not computed: XLA drops the output projection.
+    return stack[:, rows, at], out[rows, at] if logits else None
 
 
 def check_positions(at, lengths, name: str = "at") -> np.ndarray:
@@ -101,7 +103,8 @@ def read_activations(
     positions=None,
     lengths=None,
     intervention: Intervention | None = None,
-) -> tuple[jax.Array, jax.Array]:
+    logits: bool = True,
+) -> tuple[jax.Array, jax.Array | None]:
     """One site's activations at positions ``at`` of every row, for every layer.
 
     Args:
@@ -114,6 +117,7 @@ def read_activations(
         lengths: int ``[B]`` or an int: the real tokens of each row (right padding
             follows; default ``T``); ``at`` must lie inside.
         intervention: edits applied during the pass.
+        logits: False: the activations only (the logits come back ``None``).
 
     Returns:
         ``(activations, logits)``: float ``[L, B, K, D]``, and the logits ``[B, K, V]``
@@ -135,7 +139,14 @@ def read_activations(
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
     return _read(
-        model, params, tokens, jnp.asarray(positions), jnp.asarray(at), intervention, site=site
+        model,
+        params,
+        tokens,
+        jnp.asarray(positions),
+        jnp.asarray(at),
+        intervention,
+        site=site,
+        logits=logits,
     )
 
 
@@ -188,14 +199,17 @@ def edit_at(
         )
     values = values.reshape(len(layers), *((1,) * (2 - len(body))), *body, dim)
     values = jnp.broadcast_to(values, (len(layers), batch, count, dim))
-    rows = np.arange(batch)[:, None]
-    dense = jnp.zeros((len(layers), batch, width, dim), values.dtype).at[:, rows, at].set(values)
-    mask = np.zeros((batch, width), bool)
-    mask[rows, at] = True
-    return Intervention.at(
-        num_layers,
-        layers={k: dense[i] for i, k in enumerate(layers)},
-        mask=mask,
-        site=site,
-        mode=mode,
+    bad = [k for k in layers if not 0 <= k < num_layers]
+    if bad or site not in edits.SITES or mode not in edits.MODES:
+        # The same checks and messages as Intervention.at's.
+        Intervention.at(num_layers, layers=layers, values=jnp.zeros(dim), site=site, mode=mode)
+    # One scatter into the [L, B, T, D] edit (not a copy per layer).
+    index = (np.asarray(layers)[:, None, None], np.arange(batch)[None, :, None], at[None])
+    dtype = jnp.result_type(values.dtype, jnp.float32)
+    dense = jnp.zeros((num_layers, batch, width, dim), dtype).at[index].set(values.astype(dtype))
+    mask = np.zeros((num_layers, batch, width), bool)
+    mask[index] = True
+    edit = Edit(
+        values=dense, mask=jnp.asarray(mask), replace=jnp.full((num_layers,), mode == "replace")
     )
+    return Intervention(**{site: edit})

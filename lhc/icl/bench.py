@@ -19,24 +19,18 @@ others sharing 1 - d); without it, the even mixture::
         --tasks copy,upper --points 5 --demos 32 --prompts 32
 
 ``lhc bench icl vectors``: Iterative Vectors against the plain prompt and Task Vectors
-on generated classification tasks, with a model of ``configs/icl_classification.py``::
-
-    lhc bench icl vectors --workdir /tmp/iv/model --tasks 3 --shots 1
+(``lhc.icl.bench_vectors``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import time
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
 from lhc import bench, lm
-from lhc.data import topics
-from lhc.icl import classification, iterative, mixtures, taskvectors
+from lhc.icl import mixtures, taskvectors
 from lhc.icl.families import get_family
 from lhc.icl.scoring import continuation_logprobs, kl_to_proportions, with_other
 from lhc.icl.shared_prefix import score_answers
@@ -196,30 +190,6 @@ def _calibration_line(tasks, calibration: dict) -> str:
     return f"calibration: {grows}; r {calibration['r']:.2f}, slope {calibration['slope']:.2f}"
 
 
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-
-
-@contextlib.contextmanager
-def _compile_clock():
-    """``{"seconds": ...}``: what JAX spends tracing, lowering and compiling in the block
-    (from its monitoring events)."""
-    spent = {"seconds": 0.0}
-
-    def record(event, duration, **_):
-        if event in _COMPILE_EVENTS:
-            spent["seconds"] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(record)
-    try:
-        yield spent
-    finally:
-        jax.monitoring.unregister_event_duration_listener(record)
-
-
 def _timing_line(name: str, rows, compile_seconds: float) -> str:
     """The first call compiles; the others show the steady cost."""
     seconds = [row["seconds"] for row in rows]
@@ -235,7 +205,7 @@ def _single_task_table(args, model, params, tokenizer) -> dict:
     result, shown = {}, []
     for name in args.family:
         family = get_family(name)
-        with _compile_clock() as compiling:
+        with bench.compile_clock() as compiling:
             result[name] = mixtures.single_task(
                 model,
                 params,
@@ -303,7 +273,7 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
     tasks = list(args.tasks or family.tasks)
     shares = np.linspace(0, 1, args.points) if args.points else [1 / len(tasks)]
     try:
-        with _compile_clock() as compiling:
+        with bench.compile_clock() as compiling:
             result = mixtures.sweep(
                 model,
                 params,
@@ -460,167 +430,6 @@ def _superposition_args(argv: Sequence[str]):
     return args
 
 
-def _generated_task(classes, keywords, input_length, noise, seed):
-    """``(labels, format, split(count, seed))`` of the generated task ``seed``."""
-    task = classification.fixed_task(
-        seed, classes, keywords=keywords, input_length=input_length, noise=noise
-    )
-    return task.labels, task.format(), functools.partial(classification.split, task)
-
-
-def _topic_task(tokenizer, classes, labels, seed):
-    """``(labels, format, split(count, seed))`` of ``classes`` English topics drawn with
-    ``seed`` (``lhc.data.topics``) in ``tokenizer``'s tokens."""
-    names = np.random.default_rng(seed).choice(sorted(topics.TOPICS), classes, replace=False)
-    task = topics.TopicTask(tuple(str(n) for n in names), labels)
-    split = functools.partial(classification.text_split, tokenizer, task)
-    shown = [f"{text.strip()}={topic}" for text, topic in zip(task.label_texts(), task.topics)]
-    return tuple(shown), classification.text_format(tokenizer, task), split
-
-
-def vectors_table(args) -> dict:
-    if args.checkpoint:
-        loaded = bench.load_model_source(args)
-        model, params, step = loaded.model, loaded.params, None
-        make_task = functools.partial(_topic_task, loaded.tokenizer, args.classes, args.labels)
-    else:
-        exp, params, step = bench.restore_run(
-            args.workdir, model_type=lm.Transformer, what="configs/icl_classification.py"
-        )
-        model = exp.task.model
-        # The fixed tasks draw inputs as the model's pretraining prompts did.
-        data = exp.task.config.data
-        noise = float(data.noise if args.noise is None else args.noise)
-        make_task = functools.partial(
-            _generated_task, args.classes, int(data.keywords), int(data.input_length), noise
-        )
-    source = args.workdir or args.checkpoint
-    print(
-        f"model: {source} (step {step}); {args.tasks} tasks of {args.classes} classes, "
-        f"{args.shots}-shot, {args.test_episodes} test episodes"
-    )
-    rows = []
-    for seed in range(1, args.tasks + 1):
-        labels, fmt, split = make_task(seed)
-        train = split(400, 10 * seed)
-        val = iterative.evaluation_episodes(
-            split(400, 10 * seed + 1), args.shots, args.val_episodes, seed
-        )
-        test = iterative.evaluation_episodes(
-            split(400, 10 * seed + 2), args.shots, args.test_episodes, seed
-        )
-        num_classes = len(labels)
-        true = np.array([q[1] for _, q in test])
-
-        def score(predicted, true=true, classes=num_classes):
-            return iterative.macro_f1(predicted, true, classes), float(np.mean(predicted == true))
-
-        began = time.perf_counter()
-        clean = score(iterative.predict(model, params, fmt, test))
-        tv = iterative.TaskVectors.extract(
-            model, params, fmt, train, shots=args.shots, episodes=args.episodes, seed=seed
-        )
-        tv_layers = tv.choose_layer(model, params, fmt, val)
-        tvs = score(iterative.predict(model, params, fmt, test, patch=tv.patch(model)))
-        best, grid = iterative.grid_search(
-            model,
-            params,
-            fmt,
-            train,
-            val,
-            ext_shots=tuple(args.ext_shots),
-            strengths=tuple(args.strengths),
-            ext_strengths=tuple(args.ext_strengths),
-            episodes=args.episodes,
-            negative_shift=args.negative_shift,
-            seed=seed,
-        )
-        ivs = score(iterative.predict(model, params, fmt, test, best["vectors"], best["strength"]))
-        row = dict(
-            task=seed,
-            labels=list(labels),
-            clean_f1=clean[0],
-            clean_acc=clean[1],
-            tv_f1=tvs[0],
-            tv_acc=tvs[1],
-            tv_layer=tv.layer,
-            tv_val_f1=tv_layers,
-            iv_f1=ivs[0],
-            iv_acc=ivs[1],
-            iv_val_f1=best["macro_f1"],
-            ext_shot=best["ext_shot"],
-            strength=best["strength"],
-            ext_strength=best["ext_strength"],
-            grid=grid,
-            seconds=time.perf_counter() - began,
-        )
-        rows.append(row)
-        print(
-            f"task {seed}: clean {clean[0]:.3f}, TV {tvs[0]:.3f} (layer {tv.layer}), "
-            f"IV {ivs[0]:.3f} (ext_shot {best['ext_shot']}, strength {best['strength']}, "
-            f"ext_strength {best['ext_strength']}), {row['seconds']:.0f} s",
-            flush=True,
-        )
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("clean_f1", "tv_f1", "iv_f1")}
-    # The per-task cells hold several numbers; the mean row's plain numbers right-align them.
-    shown = [
-        dict(
-            task=r["task"],
-            labels=" ".join(r["labels"]),
-            clean=f"{r['clean_f1']:.3f} ({r['clean_acc']:.3f})",
-            tv=f"{r['tv_f1']:.3f} ({r['tv_acc']:.3f}, {r['tv_layer']})",
-            iv=f"{r['iv_f1']:.3f} ({r['iv_acc']:.3f}; {r['ext_shot']}, {r['strength']}, "
-            f"{r['ext_strength']})",
-        )
-        for r in rows
-    ]
-    shown.append(dict(task="mean", clean=mean["clean_f1"], tv=mean["tv_f1"], iv=mean["iv_f1"]))
-    columns = [
-        ("task", "task"),
-        ("labels", "labels"),
-        ("clean F1 (acc)", "clean", ".3f"),
-        ("Task Vectors F1 (acc, layer)", "tv", ".3f"),
-        ("Iterative Vectors F1 (acc; ext_shot, strength, ext_strength)", "iv", ".3f"),
-    ]
-    print("\n" + bench.markdown_table(columns, shown))
-    return dict(
-        workdir=args.workdir,
-        checkpoint=args.checkpoint,
-        step=step,
-        rows=rows,
-        mean=mean,
-        shots=args.shots,
-    )
-
-
-def _vectors_parser():
-    p = bench.parser(
-        "icl vectors",
-        "Iterative Vectors against the plain prompt and Task "
-        "Vectors on generated (--workdir) or English topic (--checkpoint) "
-        "classification tasks.",
-    )
-    bench.add_model_source(p, workdir_help="a model of configs/icl_classification.py")
-    p.add_argument(
-        "--labels",
-        default="letters",
-        choices=("letters", "names"),
-        help="--checkpoint: arbitrary labels (A, B, ...) or the topics' names",
-    )
-    p.add_argument("--tasks", type=int, default=3, help="generated tasks (seeds 1..N)")
-    p.add_argument("--classes", type=int, default=4)
-    p.add_argument("--noise", type=float, default=None, help="default: the run's data.noise")
-    p.add_argument("--shots", type=int, default=1, help="demonstrations per class at test")
-    p.add_argument("--episodes", type=int, default=200, help="extraction episodes")
-    p.add_argument("--val-episodes", type=int, default=200)
-    p.add_argument("--test-episodes", type=int, default=1000)
-    p.add_argument("--ext-shots", type=bench.int_list, default="1,2,3,4")
-    p.add_argument("--strengths", type=bench.float_list, default="0.1,0.3,0.5,0.7,0.9")
-    p.add_argument("--ext-strengths", type=bench.float_list, default="0.1,0.3,0.5,0.7,0.9")
-    p.add_argument("--negative-shift", type=int, default=1)
-    return p
-
-
 def main(argv: Sequence[str]) -> dict:
     """``lhc bench icl superposition ...`` or ``lhc bench icl vectors ...``."""
     which = argv[0] if argv else None
@@ -628,8 +437,10 @@ def main(argv: Sequence[str]) -> dict:
         args = _superposition_args(argv[1:])
         result = family_table(args) if args.checkpoint else scratch_curve(args)
     elif which == "vectors":
-        args = _vectors_parser().parse_args(argv[1:])
-        result = vectors_table(args)
+        from lhc.icl import bench_vectors
+
+        args = bench_vectors.parser().parse_args(argv[1:])
+        result = bench_vectors.vectors_table(args)
     else:
         got = "nothing" if which is None else repr(which)
         raise SystemExit(

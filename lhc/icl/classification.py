@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.data.iterators import row_rngs, stack_rows
-from lhc.data.topics import TopicTask
 from lhc.icl.iterative import Examples, Format, build_prompt
 from lhc.parallel import global_batch
 from lhc.train.causal_lm import CausalLMTask
@@ -105,14 +104,15 @@ def split(task: ClassificationTask, count: int, seed: int) -> Examples:
     return Examples([task.sample(rng, c) for c in labels], labels, task.num_classes)
 
 
-# Natural-language tasks for pretrained models: "Text: <sentence>\nTopic: <label>\n\n".
-TEXT_INPUT = "Text: {text}\nTopic"
+# Natural-language tasks for pretrained models (``lhc.data.topics.TopicTask``,
+# ``lhc.data.word_tasks.WordTask``): "<input>: <label>\n\n" per demonstration, e.g.
+# "Text: <sentence>\nTopic: A\n\n".
 
 
-def text_format(tokenizer, task: TopicTask) -> Format:
-    """The Iterative Vectors layout of ``task`` (``lhc.data.topics``) in a pretrained
-    model's tokens: the input ``Text: <sentence>\nTopic``, the separator ``:``, the
-    label (`` A`` or `` sports``), demonstrations joined by a blank line.
+def text_format(tokenizer, task) -> Format:
+    """The Iterative Vectors layout of a natural-language ``task`` in a pretrained
+    model's tokens: the input (``task.prompt_input``), the separator ``:``, the label
+    (``task.label_texts()``), demonstrations joined by a blank line.
 
     Raises:
         ValueError: ``:`` is not one token of ``tokenizer``, or two labels start with
@@ -125,10 +125,10 @@ def text_format(tokenizer, task: TopicTask) -> Format:
     return Format(labels, separator[0], tuple(tokenizer.encode("\n\n")))
 
 
-def text_split(tokenizer, task: TopicTask, count: int, seed: int) -> Examples:
-    """``count`` labelled sentences of ``task`` (classes balanced) as input tokens."""
+def text_split(tokenizer, task, count: int, seed: int) -> Examples:
+    """``count`` labelled inputs of ``task`` (classes balanced) as input tokens."""
     texts, classes = task.sample(np.random.default_rng(seed), count)
-    inputs = [tokenizer.encode(TEXT_INPUT.format(text=text)) for text in texts]
+    inputs = [tokenizer.encode(task.prompt_input(text)) for text in texts]
     return Examples(inputs, classes, task.num_classes)
 
 

@@ -32,14 +32,23 @@ batched pass (the released code runs them one by one; the result is the same).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lhc.icl.activations import edit_at, read_activations
-from lhc.icl.scoring import pad_rows
+from lhc.icl.scoring import pad_rows, padded_width
+from lhc.lm.decoding import (
+    empty_cache,
+    left_pad,
+    left_padded_positions,
+    prefill_chunks,
+)
+from lhc.nn.intervention import Edit, Intervention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +177,20 @@ def episode_differences(model, params, fmt: Format, episodes, vectors, config: E
     at = np.stack([p.separators for p in positive])
     edit = _edited(model, tokens.shape[1], positive, classes, vectors, config.ext_strength)
     pos, _ = read_activations(
-        model, params, tokens, at, site="attention", lengths=lengths, intervention=edit
+        model,
+        params,
+        tokens,
+        at,
+        site="attention",
+        lengths=lengths,
+        intervention=edit,
+        logits=False,
     )
     negative = [build_prompt(fmt, [], q[0], q[1]) for _, q in episodes]
     neg_tokens, neg_lengths = _pad(negative, max_len)
     neg_at = np.stack([p.separators for p in negative]) - config.negative_shift
     neg, _ = read_activations(
-        model, params, neg_tokens, neg_at, site="attention", lengths=neg_lengths
+        model, params, neg_tokens, neg_at, site="attention", lengths=neg_lengths, logits=False
     )
     diff = np.asarray(pos, np.float64) - np.asarray(neg, np.float64)  # [L, B, K, D]
     diff = np.transpose(diff, (1, 2, 0, 3))  # [B, K, L, D]
@@ -219,22 +235,36 @@ def predict(
     of the logits at the query's separator, with ``strength`` x ``vectors`` added (or
     ``patch(width, prompts) -> Intervention`` applied), in batches."""
     label_tokens = jnp.asarray([label[0] for label in fmt.labels])
+    batch_size = min(batch_size, len(episodes))
     out = []
     for start in range(0, len(episodes), batch_size):
-        group = episodes[start : start + batch_size]
+        # The last batch is filled up with its first episode: one shape, one program.
+        group = [
+            episodes[i if i < len(episodes) else start] for i in range(start, start + batch_size)
+        ]
         prompts = [build_prompt(fmt, s, q[0]) for s, q in group]
         classes = np.array([[c for _, c in s] for s, _ in group])
-        tokens, lengths = _pad(prompts, model.config.max_len)
+        # Left-padded, so that every query separator is the last column: the logits of
+        # that column only.
+        width = padded_width(max(len(p.tokens) for p in prompts), model.config.max_len)
+        tokens, lengths = left_pad([p.tokens for p in prompts], width=width)
+        prompts = [Prompt(p.tokens, p.separators + width - n) for p, n in zip(prompts, lengths)]
         if patch is not None:
-            edit = patch(tokens.shape[1], prompts)
+            edit = patch(width, prompts)
         else:
-            edit = _edited(model, tokens.shape[1], prompts, classes, vectors, strength)
-        query_at = np.array([[p.separators[-1]] for p in prompts])
-        _, logits = read_activations(
-            model, params, tokens, query_at, site="residual", lengths=lengths, intervention=edit
-        )
-        out.append(np.asarray(jnp.argmax(logits[:, 0][:, label_tokens], axis=-1)))
+            edit = _edited(model, width, prompts, classes, vectors, strength)
+        positions = left_padded_positions(lengths, width)
+        logits = _last_logits(model, params, tokens, positions, edit, label_tokens)
+        kept = min(batch_size, len(episodes) - start)
+        out.append(np.asarray(jnp.argmax(logits, axis=-1))[:kept])
     return np.concatenate(out)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _last_logits(model, params, tokens, positions, intervention, labels):
+    extra = {} if intervention is None else {"intervention": intervention}
+    logits, _ = model.apply({"params": params}, tokens, positions, last_only=True, **extra)
+    return logits[:, 0, labels]
 
 
 def macro_f1(predicted, true, num_classes: int) -> float:
@@ -320,7 +350,7 @@ class TaskVectors:
             prompts = [build_prompt(fmt, s, q[0]) for s, q in group]
             tokens, lengths = _pad(prompts, model.config.max_len)
             at = np.array([[p.separators[-1]] for p in prompts])
-            acts, _ = read_activations(model, params, tokens, at, lengths=lengths)
+            acts, _ = read_activations(model, params, tokens, at, lengths=lengths, logits=False)
             total = np.asarray(acts, np.float64)[:, :, 0].sum(1)
             sums = total if sums is None else sums + total
         return cls(sums / episodes)
@@ -343,12 +373,87 @@ class TaskVectors:
 
         return make
 
+    def layer_logits(self, model, params, fmt: Format, episodes, layers=None) -> np.ndarray:
+        """float32 ``[1 + K, E, C]``: ``separator_logits`` of the plain prompts, then
+        with this patch at each of ``layers`` (default every layer)."""
+        layers = range(model.config.num_layers) if layers is None else layers
+        return separator_logits(model, params, fmt, episodes, self.vectors, layers)
+
     def choose_layer(self, model, params, fmt: Format, validation) -> list[float]:
         """Sets ``layer`` to the best by macro-F1 on ``validation``; the F1 per layer."""
         true = np.array([q[1] for _, q in validation])
-        scores = []
-        for layer in range(model.config.num_layers):
-            predicted = predict(model, params, fmt, validation, patch=self.patch(model, layer))
-            scores.append(macro_f1(predicted, true, fmt.num_classes))
+        predicted = self.layer_logits(model, params, fmt, validation)[1:].argmax(-1)
+        scores = [macro_f1(p, true, fmt.num_classes) for p in predicted]
         self.layer = int(np.argmax(scores))
         return scores
+
+
+def separator_logits(
+    model, params, fmt: Format, episodes, vectors=None, layers=(), batch_size: int = 64
+) -> np.ndarray:
+    """float32 ``[1 + K, E, C]``: the labels' first-token logits at each episode's query
+    separator, of the plain prompt and then with the residual there replaced after each
+    of ``layers`` by ``vectors[layer]`` (``vectors`` ``[L, D]``, Task Vectors' patch).
+
+    The patch changes the residual at the separator, the prompt's last token, so the
+    prompt before it is prefilled into a cache once per batch and only the separator
+    runs again per layer: what ``predict`` with ``TaskVectors.patch`` computes for each
+    layer, at the cost of about one prompt pass."""
+    layers = jnp.asarray([-1, *layers], jnp.int32)  # -1: no patch
+    if vectors is None:
+        vectors = np.zeros((model.config.num_layers, model.config.embed_dim), np.float32)
+    label_tokens = jnp.asarray([label[0] for label in fmt.labels])
+    prompts = [build_prompt(fmt, s, q[0]).tokens for s, q in episodes]
+    # The prompts but their separators; the cache keeps one slot more for it.
+    width = padded_width(max(len(p) for p in prompts) - 1, model.config.max_len - 1)
+    batch_size = min(batch_size, len(episodes))
+    out = np.zeros((len(layers), len(episodes), fmt.num_classes), np.float32)
+    for start in range(0, len(episodes), batch_size):
+        # The last batch is filled up with its first prompt: one shape, one program.
+        rows = [i if i < len(prompts) else start for i in range(start, start + batch_size)]
+        tokens, lengths = left_pad([prompts[i][:-1] for i in rows], width=width)
+        separators = np.array([prompts[i][-1] for i in rows], np.int32)
+        logits = _patched_separator_logits(
+            model,
+            params,
+            tokens,
+            lengths,
+            separators,
+            jnp.asarray(vectors, jnp.float32),
+            label_tokens,
+            layers,
+        )
+        kept = min(batch_size, len(episodes) - start)
+        out[:, start : start + kept] = np.asarray(logits)[:, :kept]
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _patched_separator_logits(
+    model, params, prefixes, lengths, separators, vectors, labels, layers
+):
+    """float32 ``[K, B, C]``: the labels' logits at the separator appended to the
+    left-padded ``prefixes``, with the residual there replaced after layer ``layers[k]``
+    by ``vectors[layers[k]]`` (none for -1): a traced layer mask, so one program."""
+    batch, width = prefixes.shape
+    num_layers = model.config.num_layers
+    cache = empty_cache(model, batch, width + 1)
+    positions = left_padded_positions(lengths, width)
+    _, cache = prefill_chunks(model, params, prefixes, positions, cache, chunk_size=width)
+
+    def patched(layer):
+        edit = Edit(
+            values=vectors[:, None, None, :],
+            mask=(jnp.arange(num_layers) == layer)[:, None, None],
+            replace=jnp.ones((num_layers,), bool),
+        )
+        logits, _ = model.apply(
+            {"params": params},
+            separators[:, None],
+            lengths[:, None],
+            cache,
+            intervention=Intervention(residual=edit),
+        )
+        return logits[:, 0, labels]
+
+    return jax.lax.map(patched, layers)

@@ -41,11 +41,15 @@ class Patch:
     mode: str = "replace"
 
 
+def padded_width(longest: int, max_len: int) -> int:
+    """``longest`` rounded up to a multiple of ``WIDTH_BUCKET``, at most ``max_len``, so
+    that few widths compile."""
+    return min(-(-longest // WIDTH_BUCKET) * WIDTH_BUCKET, max_len)
+
+
 def pad_rows(sequences: Sequence[Sequence[int]], max_len: int) -> np.ndarray:
-    """int32 ``[B, W]``: the sequences right-padded with 0 to a width rounded up to a
-    multiple of ``WIDTH_BUCKET`` (at most ``max_len``), so few widths compile."""
-    longest = max(len(s) for s in sequences)
-    width = min(-(-longest // WIDTH_BUCKET) * WIDTH_BUCKET, max_len)
+    """int32 ``[B, W]``: the sequences right-padded with 0 to ``padded_width``."""
+    width = padded_width(max(len(s) for s in sequences), max_len)
     tokens = np.zeros((len(sequences), width), np.int32)
     for row, sequence in enumerate(sequences):
         tokens[row, : len(sequence)] = sequence

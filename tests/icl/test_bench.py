@@ -198,12 +198,13 @@ def test_vectors_table_from_a_workdir(tmp_path, capsys):
     (row,) = result["rows"]
     out = capsys.readouterr().out
     assert (
-        "| task | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | Iterative Vectors "
-        "F1 (acc; ext_shot, strength, ext_strength) |\n|---:|---|---:|---:|---:|\n| 1 | "
+        "| task | seed | labels | clean F1 (acc) | Task Vectors F1 (acc, layer) | Iterative "
+        "Vectors F1 (acc; ext_shot, strength, ext_strength) |\n|---|---:|---|---|---|---|\n| 1 | 1 | "
     ) in out
-    assert f"| mean |  | {row['clean_f1']:.3f} | {row['tv_f1']:.3f} | {row['iv_f1']:.3f} |" in out
+    means = f"| {row['clean_f1']:.3f} | {row['tv_f1']:.3f} | {row['iv_f1']:.3f} |"
+    assert f"| 1 | 1 {means}" in out and f"| all | 1 {means}" in out
     written = json.loads((tmp_path / "v.json").read_text())
-    assert written["rows"][0]["task"] == 1 and written["shots"] == 1
+    assert written["rows"][0]["task"] == "1" and written["shots"] == 1
     assert written["argv"] and written["footer"].startswith("device: ")
     for key in ("clean_f1", "tv_f1", "iv_f1", "clean_acc", "tv_acc", "iv_acc"):
         assert 0 <= row[key] <= 1
@@ -211,3 +212,9 @@ def test_vectors_table_from_a_workdir(tmp_path, capsys):
     assert row["iv_val_f1"] == max(g["macro_f1"] for g in row["grid"])
     layers = config_lib.load_run_config(workdir).model.num_layers
     assert 0 <= row["tv_layer"] < layers and len(row["tv_val_f1"]) == layers
+    # Runs recorded one by one, in one table.
+    twice = f"{tmp_path / 'v.json'},{tmp_path / 'v.json'}"
+    merged = bench.main(["vectors", "--merge", twice])
+    assert merged["mean"]["runs"] == 2 and merged["mean"]["iv_f1"] == pytest.approx(row["iv_f1"])
+    with pytest.raises(SystemExit, match="give --checkpoint, --workdir or --merge"):
+        bench.main(["vectors"])

@@ -97,6 +97,34 @@ def test_task_vectors_baseline(tiny):
     assert len(scores) == CONFIG.num_layers and tv.layer == int(np.argmax(scores))
 
 
+def test_task_vector_patch_at_every_layer_against_the_numpy_decoder(tiny):
+    # The cached layer search (prompt prefilled once, the separator run per layer) against
+    # full passes of the float64 decoder with the residual there replaced.
+    model, params = tiny
+    train = _examples(count=10)
+    vectors = np.random.default_rng(3).normal(size=(CONFIG.num_layers, CONFIG.embed_dim))
+    tv = iterative.TaskVectors(vectors)
+    episodes = iterative.evaluation_episodes(train, 1, 5, seed=4)
+    logits = iterative.separator_logits(
+        model, params, FMT, episodes, vectors, range(CONFIG.num_layers), batch_size=2
+    )
+    assert logits.shape == (1 + CONFIG.num_layers, 5, 2)
+    np.testing.assert_allclose(tv.layer_logits(model, params, FMT, episodes), logits, atol=1e-4)
+    for e, (support, (query, _)) in enumerate(episodes):
+        prompt = build_prompt(FMT, support, query)
+        sep = prompt.separators[-1]
+        states = {}
+        plain = forward(CONFIG, params, prompt.tokens, states=states)
+        np.testing.assert_allclose(logits[0, e], plain[sep, [90, 91]], rtol=1e-4, atol=1e-4)
+        for layer in range(CONFIG.num_layers):
+            delta = np.zeros((len(prompt.tokens), CONFIG.embed_dim))
+            delta[sep] = vectors[layer] - states["residual", layer][sep]
+            expected = forward(CONFIG, params, prompt.tokens, residual_add={layer: delta})
+            np.testing.assert_allclose(
+                logits[1 + layer, e], expected[sep, [90, 91]], rtol=1e-4, atol=1e-4
+            )
+
+
 def test_macro_f1_matches_scikit_learn():
     from sklearn.metrics import f1_score
 
