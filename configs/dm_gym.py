@@ -87,7 +87,7 @@ def get_config(arg=None):
         dict(
             name="adamw",
             learning_rate=float(arg.lr),
-            warmup_steps=max(config.num_steps // 10, 1),
+            warmup_fraction=0.1,
             schedule="constant",
             b1=0.9,
             b2=0.999,

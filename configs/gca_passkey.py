@@ -90,5 +90,5 @@ def get_config(arg=None):
             max_len=32_768,
             tie_embeddings=True,
         )
-    config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
+    config.optimizer = ml_collections.ConfigDict(paper_optimizer())
     return config

@@ -66,5 +66,5 @@ def get_config(arg=None):
         config.data.feature = "text"
     config.model_factory = "lhc.gca:gca_from_config"
     config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
-    config.optimizer = ml_collections.ConfigDict(paper_optimizer(config.num_steps))
+    config.optimizer = ml_collections.ConfigDict(paper_optimizer())
     return config

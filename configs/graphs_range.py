@@ -67,6 +67,6 @@ def get_config(arg=None):
         )
     )
     config.optimizer = ml_collections.ConfigDict(
-        adamw_cosine(config.num_steps, float(arg.lr), weight_decay=0.0)
+        adamw_cosine(learning_rate=float(arg.lr), weight_decay=0.0)
     )
     return config

@@ -67,9 +67,8 @@ def get_config(arg=None):
     )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(
-            config.num_steps,
-            lr,
-            warmup_steps=max(config.num_steps // 20, 1),
+            learning_rate=lr,
+            warmup_fraction=0.05,
             end_lr_fraction=0.1,
             b2=0.98,
             weight_decay=0.0,

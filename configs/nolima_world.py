@@ -94,5 +94,5 @@ def get_config(arg=None):
     )
     config.model_factory = factory
     config.model = model_section(_CONFIG_CLASSES[arg.model], **fields)
-    config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
+    config.optimizer = ml_collections.ConfigDict(adamw_cosine())
     return config

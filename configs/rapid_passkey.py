@@ -66,5 +66,5 @@ def get_config(arg=None):
         tie_embeddings=True,
         **SIZES[arg.size],
     )
-    config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
+    config.optimizer = ml_collections.ConfigDict(adamw_cosine())
     return config

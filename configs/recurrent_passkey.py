@@ -83,5 +83,5 @@ def get_config(arg=None):
     config.model_factory = factory
     config_class = {"mamba2": Mamba2Config, "gla": GLAConfig}[arg.model]
     config.model = model_section(config_class, vocab_size=VOCAB, **fields)
-    config.optimizer = ml_collections.ConfigDict(adamw_cosine(config.num_steps))
+    config.optimizer = ml_collections.ConfigDict(adamw_cosine())
     return config

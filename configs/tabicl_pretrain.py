@@ -66,7 +66,7 @@ def get_config(arg=None):
                 train_size_multiple=16,
             )
         )
-        learning_rate, schedule, warmup, end_fraction, power = 1e-3, "cosine", 20, 0.0, 1.0
+        learning_rate, schedule, warmup, end_fraction, power = 1e-3, "cosine", 0.05, 0.0, 1.0
         frozen = ()
     else:
         config.num_steps = stage.num_steps
@@ -87,7 +87,7 @@ def get_config(arg=None):
             "polynomial_decay": "polynomial",
             "constant": "constant",
         }[stage.schedule]
-        warmup = int(stage.warmup_fraction * stage.num_steps)
+        warmup = stage.warmup_fraction
         end_fraction = stage.end_learning_rate / stage.learning_rate
         power = stage.decay_power
         names = {"col": "col_embedder", "row": "row_interactor"}
@@ -101,7 +101,8 @@ def get_config(arg=None):
         dict(
             name="adamw",
             learning_rate=learning_rate,
-            warmup_steps=warmup,
+            warmup_steps=None,
+            warmup_fraction=warmup,  # of num_steps, as overridden
             schedule=schedule,
             end_lr_fraction=end_fraction,
             decay_power=power,

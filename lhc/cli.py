@@ -5,6 +5,7 @@ lhc eval    --workdir DIR [--config configs/X.py:tiny] [--step N] [--config.key=
 lhc compile --config configs/X.py:tiny --topology v5e:2x2
 lhc demo    [--workdir DIR]
 lhc generate --checkpoint PATH|NAME (or --workdir DIR) --prompt TEXT [--chat] [...]
+lhc plot    --workdir DIR [--out PNG]
 lhc bench   NAME [benchmark flags]
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import logging
 import os
 import shlex
+import signal
 import sys
 import tempfile
 
@@ -56,7 +59,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lhc {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a config (resumes from --workdir)")
+    train = commands.add_parser(
+        "train",
+        help="train a config (resumes from --workdir)",
+        description="Trains a config in --workdir, resuming from its latest checkpoint. Any "
+        "config value can be overridden with --config.KEY=VALUE (nested keys with dots).",
+        epilog="example:\n  lhc train --config configs/lm_assoc_recall.py:tiny --workdir "
+        "/tmp/recall \\\n      --config.num_steps=600 --config.model.num_layers=3\n\n"
+        "Ctrl-C (or SIGTERM) saves the current step; the same command resumes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     train.add_argument("--config", required=True, help="configs/X.py[:arg]")
     train.add_argument("--workdir", required=True)
 
@@ -66,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--workdir", required=True)
     evaluate.add_argument("--step", type=int, default=None, help="checkpoint step (latest)")
+    evaluate.add_argument(
+        "--fallback",
+        action="store_true",
+        help="an unreadable latest checkpoint gives way to the newest readable one",
+    )
 
     compile_ = commands.add_parser(
         "compile", help="compile the train step for a Cloud TPU topology on this host"
@@ -95,6 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=1.0, help="1: off")
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
+
+    plot = commands.add_parser("plot", help="draw a run's train and eval curves to a PNG")
+    plot.add_argument("--workdir", required=True)
+    plot.add_argument("--out", default=None, help="the PNG (default: WORKDIR/metrics.png)")
 
     bench = commands.add_parser("bench", help="run a benchmark (lhc bench --list)")
     bench.add_argument("name", nargs="?", help="a package's benchmark, e.g. lm, gca, nolima")
@@ -131,6 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "generate":
         return _generate(args)
 
+    if args.command == "plot":
+        from lhc.train.metrics import plot_metrics
+
+        try:
+            print(plot_metrics(args.workdir, args.out))
+        except FileNotFoundError as error:
+            raise SystemExit(f"lhc plot: {error}") from None
+        return 0
+
     try:
         if args.command == "eval" and args.config is None:
             config = config_lib.load_run_config(args.workdir, overrides)
@@ -139,19 +169,42 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"lhc {args.command}: {error}") from None
 
-    if args.command == "train":
-        from lhc.train import NonFiniteLossError, train_and_evaluate
+    from lhc.train import trainer
 
+    try:  # before any model is built
+        trainer.check_config(config)
+        if args.command == "train":
+            trainer.check_workdir(args.workdir)
+    except ValueError as error:
+        raise SystemExit(f"lhc {args.command}: {error}") from None
+    if args.command == "eval" and args.step is not None and args.step < 0:
+        raise SystemExit(f"lhc eval: --step: expected a step >= 0, got {args.step}")
+
+    if args.command == "train":
+        from lhc.train import Interrupted, NonFiniteLossError, WorkdirError, train_and_evaluate
+
+        _show_progress_notes()
         try:
             summary = train_and_evaluate(config, args.workdir, command=shlex.join(["lhc", *argv]))
-        except NonFiniteLossError as error:
+        except (NonFiniteLossError, WorkdirError) as error:
             raise SystemExit(f"lhc train: {error}") from None
+        except Interrupted as error:
+            print(f"lhc train: interrupted by {error}", file=sys.stderr)
+            return 128 + int(getattr(signal, error.signal_name))
+        except KeyboardInterrupt:
+            print(
+                "lhc train: stopped at once by a second interrupt; run the same command to "
+                "resume from the last complete checkpoint",
+                file=sys.stderr,
+            )
+            return 130
         print(json.dumps(summary, indent=2, sort_keys=True))
     elif args.command == "eval":
         from lhc.train import evaluate
 
+        _show_progress_notes()
         try:
-            metrics = evaluate(config, args.workdir, args.step)
+            metrics = evaluate(config, args.workdir, args.step, fallback=args.fallback)
         except (FileNotFoundError, ValueError) as error:
             raise SystemExit(f"lhc eval: {error}") from None
         print(json.dumps(metrics, indent=2, sort_keys=True))
@@ -164,6 +217,30 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"lhc compile: {error}") from None
         print(report.format())
     return 0
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler that writes to ``sys.stderr`` as it is when a record comes."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _show_progress_notes() -> None:
+    """``lhc``'s own log lines ("resumed from step N", warnings) on the terminal, once
+    (not also through a handler some library gave the root logger)."""
+    logger = logging.getLogger("lhc")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("lhc: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _generate(args) -> int:
@@ -234,5 +311,17 @@ def _demo(workdir: str | None) -> int:
     return 0
 
 
+def run() -> int:
+    """The ``lhc`` console script: ``main``, an expected error (``SystemExit`` with a
+    message) printed as its one line with exit status 2."""
+    try:
+        return main()
+    except SystemExit as error:
+        if isinstance(error.code, str):
+            print(error.code, file=sys.stderr)
+            return 2
+        raise
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

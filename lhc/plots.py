@@ -2,7 +2,8 @@
 
 A shared layer (it imports no method package), used by the passkey and NoLiMa heat maps
 (``lhc.lm.passkey_eval``, ``lhc.nolima.scores``), the recurrent LMs' curves by position
-(``lhc.recurrent.evaluation``) and the range report (``lhc.graphs.report``).
+(``lhc.recurrent.evaluation``), the range report (``lhc.graphs.report``) and a run's
+training curves (``lhc.train.metrics.plot_metrics``).
 matplotlib is imported on the first figure, with the Agg backend (files only, no
 display), so importing this module stays cheap.
 """
@@ -163,4 +164,27 @@ def curves(
     if title is not None:
         axis.set_title(title)
     axis.legend(fontsize=legend_fontsize)
+    _save(figure, path)
+
+
+def panels(
+    path: str,
+    series: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    *,
+    xlabel: str,
+    width: float = 6.0,
+    panel_height: float = 2.2,
+) -> None:
+    """Writes one panel per ``series[name]``, stacked over a shared x axis, each with
+    a labelled line per ``series[name][label] = (x, y)`` (points marked when few)."""
+    plt = pyplot()
+    figure, axes = plt.subplots(
+        len(series), 1, figsize=(width, panel_height * len(series)), sharex=True, squeeze=False
+    )
+    for axis, (name, lines) in zip(axes[:, 0], series.items()):
+        for label, (x, y) in lines.items():
+            axis.plot(x, y, label=label, marker="o" if len(x) <= 30 else None, markersize=3)
+        axis.set_ylabel(name)
+        axis.legend(fontsize="small")
+    axes[-1, 0].set_xlabel(xlabel)
     _save(figure, path)

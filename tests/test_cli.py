@@ -1,8 +1,11 @@
 import json
 import os
 import pathlib
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,8 +99,10 @@ def test_console_script_reports_bad_key_and_exits_nonzero(tmp_path):
         env=dict(os.environ, JAX_PLATFORMS="cpu"),
         timeout=120,
     )
-    assert proc.returncode != 0
-    assert "unknown key 'learning_rat' in optimizer" in proc.stderr
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("lhc train: config override") and "unknown key 'learning_rat'" in last
+    assert "Traceback" not in proc.stderr
 
 
 def test_version(capsys):
@@ -108,3 +113,81 @@ def test_version(capsys):
         cli.main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"lhc {declared['project']['version']}"
+
+
+def test_sigterm_saves_and_the_same_command_resumes(tmp_path):
+    # What a scheduler or a preempted VM sends: the run saves the step it is on, says
+    # how to resume, and exits 128 + 15 without a traceback; the same command resumes.
+    lhc = pathlib.Path(sys.executable).parent / "lhc"
+    command = [str(lhc), "train", "--config", CONFIG + ":tiny", "--workdir", str(tmp_path)]
+    command += [*FAST[1:], "--config.num_steps=100000", "--config.log_every=1"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("train/loss") >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "Traceback" not in stderr
+    step = int(re.search(r"SIGTERM at step (\d+): checkpoint saved; run the same", stderr)[1])
+    assert str(step) in os.listdir(tmp_path / "checkpoints")
+    again = subprocess.run(
+        [*command, f"--config.num_steps={step + 1}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert again.returncode == 0 and f"lhc: resumed from step {step}" in again.stderr
+    assert json.loads(again.stdout)["step"] == step + 1
+
+
+def test_arguments_are_checked_before_anything_is_built(tmp_path):
+    workdir = str(tmp_path / "run")
+    (tmp_path / "file").write_text("")
+    bench_setup = str(pathlib.Path(CONFIG).with_name("rapid_llama.py"))
+    for args, message in (
+        (
+            [CONFIG, workdir, "--config.num_steps=-5"],
+            r"^lhc train: config.num_steps: expected an integer >= 1, got -5$",
+        ),
+        (
+            [CONFIG, str(tmp_path / "file")],
+            r"--workdir '.*file': expected a directory, found a file",
+        ),
+        ([bench_setup, workdir], r"^lhc train: the config has no 'task', .*not a training config"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            cli.main(["train", "--config", args[0], "--workdir", *args[1:]])
+    assert not os.path.exists(workdir)
+    with pytest.raises(SystemExit, match=r"^lhc eval: --step: expected a step >= 0, got -1$"):
+        cli.main(["eval", "--config", CONFIG, "--workdir", workdir, "--step", "-1"])
+
+
+def test_plot_draws_a_panel_per_metric(tmp_path, capsys):
+    rows = [
+        {"step": 1, "train/loss": 3.0, "train/accuracy": 0.1},
+        {"step": 2, "train/loss": 2.5, "train/accuracy": 0.2},
+        {"step": 2, "eval/loss": 2.7, "eval/chance_loss": 3.4},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["plot", "--workdir", str(tmp_path)]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path == str(tmp_path / "metrics.png")
+    png = pathlib.Path(path).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (720, 528)  # two panels (loss, accuracy) of 6 x 2.2 inches at 120 dpi
+    with pytest.raises(SystemExit, match="^lhc plot: --workdir '.*empty': no metrics to plot"):
+        cli.main(["plot", "--workdir", str(tmp_path / "empty")])
+
+
+def test_train_help_shows_an_example_and_overrides(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--config.KEY=VALUE" in shown and "example:\n  lhc train --config configs/" in shown

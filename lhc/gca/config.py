@@ -181,8 +181,8 @@ def _preset(name: str) -> dict[str, Any]:
     return dict(zip(_PRESET_FIELDS, _PRESETS[name], strict=True))
 
 
-def paper_optimizer(num_steps: int) -> dict:
+def paper_optimizer() -> dict:
     """The official pre-training optimizer settings for ``lhc.train`` (``config.optimizer``):
     AdamW at 2e-3, 2% warm-up, cosine decay to 4e-4, betas (0.9, 0.95), weight decay 0.001,
     gradient clipping at 1.0."""
-    return adamw_cosine(num_steps, learning_rate=2e-3)
+    return adamw_cosine(learning_rate=2e-3)

@@ -91,8 +91,7 @@ def pencil_config(
     )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(
-            config.num_steps,
-            learning_rate,
+            learning_rate=learning_rate,
             warmup_steps=warmup_steps,
             end_lr_fraction=0.1,
             b2=0.99,

@@ -84,8 +84,9 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
             float32 on CPU either way.
         batch_size: ensemble members per network call (None: all at once).
         model_path: an official ``.ckpt`` file or an Orbax directory written by
-            ``lhc.tabicl.convert_to_orbax`` (which needs no torch at predict time). None
-            looks up ``checkpoint_version`` in the Hugging Face cache.
+            ``lhc.tabicl.convert_to_orbax`` (which needs no torch at predict time); it
+            must exist (the official package downloads to a missing one). None looks up
+            ``checkpoint_version`` in the Hugging Face cache.
         allow_auto_download: download ``checkpoint_version`` from the Hugging Face Hub
             (``jingang/TabICL-clf``) when it is not found (needs ``huggingface_hub``).
         checkpoint_version: file name of the official checkpoint to look up.
@@ -279,46 +280,40 @@ class TabICLClassifier(ClassifierMixin, BaseEstimator):
         return methods
 
     def _resolve_model_path(self) -> Path:
-        if self.model_path is not None and Path(self.model_path).exists():
-            return Path(self.model_path)
+        if self.model_path is not None:
+            if Path(self.model_path).exists():
+                return Path(self.model_path)
+            raise FileNotFoundError(
+                f"model_path {str(self.model_path)!r}: no such file or directory; expected an "
+                f"official .ckpt file or an Orbax directory (lhc.tabicl.convert_to_orbax), or "
+                f"model_path=None for {self.checkpoint_version!r} from the Hugging Face cache"
+            )
         if self.checkpoint_version not in CHECKPOINT_VERSIONS:
             raise ValueError(
                 f"invalid checkpoint_version {self.checkpoint_version!r}; expected one of "
                 f"{CHECKPOINT_VERSIONS}"
             )
-        where = (
-            "in the Hugging Face cache"
-            if self.model_path is None
-            else f"at {str(self.model_path)!r}"
-        )
-        if not self.allow_auto_download and self.model_path is not None:
-            raise FileNotFoundError(f"checkpoint not found {where} and allow_auto_download=False")
         try:
             from huggingface_hub import hf_hub_download
         except ImportError as err:
             raise FileNotFoundError(
-                f"checkpoint not found {where}; pass model_path= (a .ckpt file or an Orbax "
-                "directory) or install huggingface_hub to download it"
+                f"checkpoint {self.checkpoint_version!r} is not in the Hugging Face cache; pass "
+                "model_path= (a .ckpt file or an Orbax directory) or install huggingface_hub"
             ) from err
-        if self.model_path is None:
-            try:
-                return Path(
-                    hf_hub_download(
-                        HF_REPO,
-                        self.checkpoint_version,
-                        local_files_only=not self.allow_auto_download,
-                    )
+        try:
+            return Path(
+                hf_hub_download(
+                    HF_REPO,
+                    self.checkpoint_version,
+                    local_files_only=not self.allow_auto_download,
                 )
-            except Exception as err:
-                raise FileNotFoundError(
-                    f"checkpoint {self.checkpoint_version!r} not available {where} "
-                    f"(allow_auto_download={self.allow_auto_download}): {err}"
-                ) from err
-        target = Path(self.model_path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        downloaded = hf_hub_download(HF_REPO, self.checkpoint_version, local_dir=target.parent)
-        Path(downloaded).rename(target)
-        return target
+            )
+        except Exception as err:
+            raise FileNotFoundError(
+                f"checkpoint {self.checkpoint_version!r} not available in the Hugging Face cache "
+                f"(allow_auto_download={self.allow_auto_download}): {type(err).__name__}; pass "
+                f"model_path= (a .ckpt file or an Orbax directory)"
+            ) from err
 
     # ------------------------------------------------------------------ predict
 

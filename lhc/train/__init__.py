@@ -8,7 +8,9 @@ from lhc.train.optim import make_optimizer, make_schedule
 from lhc.train.tasks import Task, get_task, register_task
 from lhc.train.trainer import (
     Experiment,
+    Interrupted,
     NonFiniteLossError,
+    WorkdirError,
     build_experiment,
     evaluate,
     restore_params,
@@ -18,9 +20,11 @@ from lhc.train.trainer import (
 __all__ = [
     "Checkpointer",
     "Experiment",
+    "Interrupted",
     "MetricWriter",
     "NonFiniteLossError",
     "Task",
+    "WorkdirError",
     "apply_overrides",
     "base_config",
     "build_experiment",

@@ -14,8 +14,21 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
+
+
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint step that cannot be read (corrupt, truncated, incomplete)."""
+
+
+def brief(error: BaseException) -> str:
+    """``Type: message`` in one line: the first line of the message, without the
+    TensorStore spec that orbax's read errors append."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = text.split(" See full TensorStore details")[0]
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 class Checkpointer:
@@ -61,6 +74,10 @@ class Checkpointer:
             options=options,
         )
 
+    def reload(self) -> None:
+        """Lists the step directories again (after some were moved)."""
+        self._manager.reload()
+
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
@@ -83,6 +100,17 @@ class Checkpointer:
             ),
             force=force,
         )
+
+    def state_arrays(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{path: (shape, dtype)}`` of every array of the train state saved at ``step``,
+        from the checkpoint's metadata (no array is read); paths as ``array_paths``."""
+        try:
+            tree = self._manager.item_metadata(step)["state"]
+        except Exception as error:  # orbax raises many types for damaged files
+            raise UnreadableCheckpoint(
+                f"checkpoint step {step} in {self.directory!r} is unreadable: {brief(error)}"
+            ) from error
+        return array_paths(getattr(tree, "tree", tree))
 
     def _step_or_latest(self, step: int | None) -> int:
         if step is None:
@@ -109,10 +137,9 @@ class Checkpointer:
                 ),
             )
         except Exception as error:  # orbax raises many types for damaged files
-            raise ValueError(
-                f"checkpoint step {step} in {self.directory!r} could not be restored into "
-                f"the expected train state (corrupt, incomplete, or written for a different "
-                f"config): {type(error).__name__}: {error}"
+            raise UnreadableCheckpoint(
+                f"checkpoint step {step} in {self.directory!r} could not be restored "
+                f"(corrupt or incomplete): {brief(error)}"
             ) from error
 
     def restore(self, step: int | None, abstract_state):
@@ -143,6 +170,21 @@ class Checkpointer:
         """
         step = self._step_or_latest(step)
         target = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_params)}
+        saved = self.state_arrays(step)
+        expected = array_paths(target)
+        missing = [path for path in expected if path not in saved]
+        other = [p for p in expected if p in saved and saved[p][0] != expected[p][0]]
+        if other:
+            raise ValueError(
+                f"checkpoint step {step} in {self.directory!r} does not match the config: "
+                + "; ".join(state_differences(saved, expected)[:3])
+            )
+        if missing:
+            raise ValueError(
+                f"checkpoint step {step} in {self.directory!r} lacks {len(missing)} parameters "
+                f"that the config's model has, e.g. {', '.join(missing[:3])}: the config "
+                f"describes another model than the one trained there"
+            )
         restored = self._restore(step, target, partial=True)
         _check_restored_shapes(restored.state, target, step, self.directory)
         return restored.state["params"], step
@@ -153,6 +195,41 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _key_name(key) -> str:
+    for field in ("key", "name", "idx"):  # dict keys, attributes (namedtuples), indices
+        if hasattr(key, field):
+            return str(getattr(key, field))
+    return str(key)
+
+
+def array_paths(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{"params/layers_0/kernel": (shape, dtype name)}`` for every leaf of ``tree``
+    (arrays, ``ShapeDtypeStruct`` or orbax array metadata)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        "/".join(_key_name(k) for k in path): (
+            tuple(leaf.shape),
+            str(np.dtype(leaf.dtype)),
+        )
+        for path, leaf in leaves
+    }
+
+
+def state_differences(saved: dict, expected: dict) -> list[str]:
+    """What differs between two ``array_paths`` maps, one line each: arrays of another
+    shape (a dtype may differ: restoring casts), then missing, then extra ones."""
+    lines = []
+    for path in expected:
+        if path in saved and saved[path][0] != expected[path][0]:
+            (got, got_dtype), (want, want_dtype) = saved[path], expected[path]
+            lines.append(
+                f"{path}: saved {got_dtype}{list(got)}, the config makes {want_dtype}{list(want)}"
+            )
+    lines += [f"{p}: not in the checkpoint" for p in expected if p not in saved]
+    lines += [f"{p}: in the checkpoint only" for p in saved if p not in expected]
+    return lines
 
 
 def _check_restored_shapes(restored, target, step, directory) -> None:

@@ -282,8 +282,7 @@ def config_differences(recorded, given) -> list[str]:
     lines = []
     for key in sorted(set(a) | set(b)):
         old, new = a.get(key, missing), b.get(key, missing)
-        if isinstance(old, list):
-            old = tuple(old)
+        old, new = (tuple(v) if isinstance(v, list) else v for v in (old, new))
         if old != new:
             show = lambda v: "(absent)" if v is missing else repr(v)
             lines.append(f"{key}: {show(old)} -> {show(new)}")

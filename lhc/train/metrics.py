@@ -114,6 +114,34 @@ def read_metrics(workdir: str) -> list[dict]:
     return _parse_rows(path)
 
 
+def plot_metrics(workdir: str, path: str | None = None) -> str:
+    """Draws the curves of ``workdir/metrics.jsonl`` to ``path`` (default
+    ``workdir/metrics.png``): a panel per metric (the loss first), train and eval rows as
+    two lines against the step; returns the path.
+
+    Raises:
+      FileNotFoundError: no metrics rows in ``workdir``.
+    """
+    from lhc import plots
+
+    series: dict[str, dict[str, tuple[list, list]]] = {}
+    for row in read_metrics(workdir):
+        for key, value in row.items():
+            split, _, name = key.partition("/")
+            if name and name != "chance_loss" and isinstance(value, (int, float)):
+                x, y = series.setdefault(name, {}).setdefault(split, ([], []))
+                x.append(row["step"])
+                y.append(value)
+    if not series:
+        raise FileNotFoundError(
+            f"--workdir {workdir!r}: no metrics to plot (metrics.jsonl is written by `lhc train`)"
+        )
+    names = sorted(series, key=lambda name: (name != "loss", name))
+    path = path or os.path.join(workdir, "metrics.png")
+    plots.panels(path, {name: series[name] for name in names}, xlabel="step")
+    return path
+
+
 def _replace(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically (a kill leaves the old or the new file)."""
     temporary = path + ".tmp"

@@ -9,23 +9,25 @@ _SCHEDULES = ("cosine", "linear", "polynomial", "constant", "rsqrt")
 
 
 def adamw_cosine(
-    num_steps: int,
-    learning_rate: float = 2e-3,
     *,
+    learning_rate: float = 2e-3,
     warmup_steps: int | None = None,
+    warmup_fraction: float = 0.02,
     end_lr_fraction: float = 0.2,
     b2: float = 0.95,
     weight_decay: float = 0.001,
 ) -> dict:
     """``config.optimizer`` fields for AdamW at ``learning_rate`` with linear warm-up
-    (``warmup_steps``, default 2% of ``num_steps``) and cosine decay to
+    (``warmup_steps``, or else ``warmup_fraction`` of the run's final ``num_steps``, so
+    that an override of ``num_steps`` moves it) and cosine decay to
     ``end_lr_fraction`` of it, betas (0.9, ``b2``), eps 1e-8, ``weight_decay`` and
     gradient clipping at 1.0. The defaults are the settings of GCA's official
     pre-training, which train the small models of several experiments here."""
     return dict(
         name="adamw",
         learning_rate=learning_rate,
-        warmup_steps=max(num_steps // 50, 1) if warmup_steps is None else warmup_steps,
+        warmup_steps=warmup_steps,
+        warmup_fraction=warmup_fraction,
         schedule="cosine",
         end_lr_fraction=end_lr_fraction,
         b1=0.9,
@@ -36,15 +38,29 @@ def adamw_cosine(
     )
 
 
+def warmup_steps(opt_config, num_steps: int) -> int:
+    """The warm-up length of ``make_schedule``."""
+    steps, fraction = opt_config.get("warmup_steps"), opt_config.get("warmup_fraction")
+    if steps is not None:
+        return int(steps)
+    if fraction:
+        return max(round(float(fraction) * num_steps), 1)
+    return 0
+
+
 def make_schedule(opt_config, num_steps: int) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then ``opt_config.schedule`` decay.
+
+    The warm-up is ``warmup_steps`` when set (not None), else ``warmup_fraction`` of
+    ``num_steps`` (at least one step), else none; every length follows ``num_steps`` as
+    the run has it, after its overrides.
 
     ``cosine``, ``linear`` and ``polynomial`` (power ``decay_power``) decay to
     ``learning_rate * end_lr_fraction`` at ``num_steps``; ``rsqrt`` decays as
     ``1/sqrt(step / warmup_steps)``.
     """
     peak = float(opt_config.learning_rate)
-    warmup = int(opt_config.get("warmup_steps", 0))
+    warmup = warmup_steps(opt_config, num_steps)
     end = peak * float(opt_config.get("end_lr_fraction", 0.0))
     kind = opt_config.get("schedule", "cosine")
     if kind not in _SCHEDULES:

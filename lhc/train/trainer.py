@@ -8,11 +8,14 @@ from it, so an interrupted run continues exactly as if it had never stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 from typing import Any
 
 import flax.linen as nn
@@ -26,7 +29,7 @@ from jax.sharding import Mesh
 
 from lhc import parallel
 from lhc.train import config as config_lib
-from lhc.train.checkpoint import Checkpointer
+from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint, array_paths, state_differences
 from lhc.train.metrics import MetricWriter
 from lhc.train.optim import make_optimizer
 from lhc.train.tasks import Task, get_task
@@ -148,8 +151,50 @@ class Experiment:
         )
 
 
+_COUNTS = {  # config key: the least value that makes sense
+    "num_steps": 1,
+    "batch_size": 1,
+    "log_every": 1,
+    "eval_every": 0,
+    "checkpoint_every": 0,
+    "eval_batches": 0,
+}
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """ValueError in one line unless ``config`` is a training config (it names a
+    ``task`` and an ``optimizer``) whose counts make sense (``num_steps >= 1`` ...)."""
+    missing = [key for key in ("task", "optimizer", "num_steps") if key not in config]
+    if missing:
+        raise ValueError(
+            f"the config has no {', '.join(map(repr, missing))}: not a training config (one "
+            f"that `lhc train` runs sets config.task, e.g. configs/lm_assoc_recall.py)"
+        )
+    for key, least in _COUNTS.items():
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value!r}")
+        if value is not None and value < least:
+            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value}")
+
+
+def check_workdir(workdir: str) -> None:
+    """ValueError in one line unless ``workdir`` is a directory this process can write,
+    or can be made one (``gs://`` and other remote paths are not checked)."""
+    if "://" in workdir:
+        return
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ValueError(f"--workdir {workdir!r}: expected a directory, found a file")
+    existing = workdir
+    while not os.path.exists(existing):
+        existing = os.path.dirname(os.path.abspath(existing))
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--workdir {workdir!r}: {existing!r} is not writable")
+
+
 def build_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
     """Mesh, rules, task and optimizer for ``config`` (on ``devices``, default all)."""
+    check_config(config)
     mesh = parallel.mesh_from_config(config, devices)
     rules = parallel.rules_from_config(config)
     task = get_task(config.task)(config, mesh, rules)
@@ -243,19 +288,20 @@ def train_and_evaluate(
     Raises:
       NonFiniteLossError: when the loss becomes NaN/inf (the message names the step).
     """
+    check_workdir(workdir)  # the config is checked by build_experiment, before building
     parallel.maybe_initialize_distributed()
     exp = build_experiment(config)
     num_steps = int(config.num_steps)
     state = exp.init_state(int(config.seed))
     data = exp.task.train_iterator(jax.process_index(), jax.process_count())
-    if jax.process_index() == 0:
-        config_lib.save_run_config(config, workdir, command or shlex.join(sys.argv))
     checkpointer = _checkpointer(config, workdir)
     closers = [checkpointer.close]
     try:
-        latest = checkpointer.latest_step()
-        if latest is not None:
-            state, data_state = checkpointer.restore(latest, state)
+        resumed = _restore_newest_readable(config, workdir, checkpointer, state)
+        if jax.process_index() == 0:  # only now: a refused resume leaves the record as it was
+            config_lib.save_run_config(config, workdir, command or shlex.join(sys.argv))
+        if resumed is not None:
+            latest, state, data_state = resumed
             data.set_state(data_state)
             log.info("resumed from step %d in %s", latest, workdir)
         elif config.get("init_params_from"):
@@ -272,12 +318,120 @@ def train_and_evaluate(
             desc=str(config.task),
         )
         closers.insert(0, progress.close)
-        summary = _loop(exp, state, data, checkpointer, writer, progress, start_step)
+        with _stop_on_signals() as received:
+            summary = _loop(exp, state, data, checkpointer, writer, progress, start_step, received)
     except BaseException:
         _close_all(*closers, raise_errors=False)  # the loop's error is the one to see
         raise
     _close_all(*closers)
+    if received:
+        raise Interrupted(received[0], summary["step"])
     return summary
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT or SIGTERM, its checkpoint saved."""
+
+    def __init__(self, signal_name: str, step: int):
+        self.signal_name, self.step = signal_name, step
+        super().__init__(
+            f"{signal_name} at step {step}: checkpoint saved; run the same command to resume"
+        )
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """A list that the first SIGINT or SIGTERM appends its name to: the loop finishes
+    its step, saves a checkpoint and stops. A second signal raises KeyboardInterrupt at
+    once (the save in flight still finishes: ``train_and_evaluate`` closes the
+    checkpointer on every way out, and a step directory is only complete once renamed).
+    Only on a single host, from the main thread; with several processes the preemption
+    notice of ``jax.distributed`` (SIGTERM on Cloud TPU VMs) is what Orbax's
+    ``PreemptionCheckpointingPolicy`` reacts to (``Checkpointer.reached_preemption``)."""
+    received: list[str] = []
+    if jax.process_count() > 1 or threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def handler(signum, frame):
+        if received:
+            raise KeyboardInterrupt
+        received.append(signal.Signals(signum).name)
+        log.warning("%s: finishing the step, then saving a checkpoint", received[0])
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class WorkdirError(ValueError):
+    """The workdir holds a run that this config cannot continue."""
+
+
+def _restore_newest_readable(config, workdir: str, checkpointer: Checkpointer, state):
+    """``(step, state, data_state)`` of the newest checkpoint step in ``workdir`` that
+    restores, or None when there is none. A newer step that cannot be read is said in a
+    warning and moved aside to ``checkpoints/<step>.unreadable`` (nothing is deleted),
+    so the run continues from the step before it and can save that step number again.
+
+    Raises:
+      WorkdirError: a step written for another config (``_check_resumable``), or every
+        step unreadable.
+    """
+    directory = checkpointer.directory
+    unreadable, found = [], None
+    for step in sorted(checkpointer.all_steps(), reverse=True):
+        try:
+            _check_resumable(config, workdir, checkpointer, step, state)
+            found = (step, *checkpointer.restore(step, state))
+            break
+        except UnreadableCheckpoint as error:
+            unreadable.append((step, error))
+    if not unreadable:
+        return found
+    if found is None or "://" in directory:
+        reasons = "; ".join(str(error) for _, error in unreadable)
+        hint = "" if found is None else f"; move them aside to resume from step {found[0]}"
+        raise WorkdirError(f"--workdir {workdir!r}: {reasons}. Nothing was changed there{hint}")
+    for step, error in unreadable:
+        aside = os.path.join(directory, f"{step}.unreadable")
+        while os.path.exists(aside):
+            aside += "_"
+        if jax.process_index() == 0:
+            os.rename(os.path.join(directory, str(step)), aside)
+        log.warning("%s; moved to %s; resuming from step %d", error, aside, found[0])
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("lhc: unreadable checkpoints moved aside")
+    checkpointer.reload()
+    return found
+
+
+def _check_resumable(config, workdir: str, checkpointer: Checkpointer, step: int, state) -> None:
+    """Refuses a resume whose config builds another train state than the one saved at
+    ``step`` (compared on the checkpoint's metadata: every array's path and shape; a
+    dtype may differ, restoring casts), naming the arrays and the config keys that
+    differ from ``config.json``."""
+    differences = state_differences(checkpointer.state_arrays(step), array_paths(state))
+    differences.sort(key=lambda line: not line.startswith("params/"))  # the model's first
+    if not differences:
+        return
+    changed = []
+    if os.path.isfile(os.path.join(workdir, config_lib.RUN_CONFIG)):
+        changed = config_lib.config_differences(config_lib.load_run_config(workdir), config)
+    keys = f"; config keys that differ from its {config_lib.RUN_CONFIG}: {'; '.join(changed)}"
+    raise WorkdirError(
+        f"--workdir {workdir!r}: its checkpoint at step {step} holds another train state than "
+        f"this config builds ({len(differences)} arrays differ, e.g. {differences[0]})"
+        f"{keys if changed else ''}. Nothing was changed there. Resume with the run's own "
+        f"config, or start a new run in another --workdir (to fine-tune from this one: "
+        f"--config.init_params_from={workdir})"
+    )
 
 
 def _init_params_from(exp: Experiment, state, source: str):
@@ -306,9 +460,10 @@ def _init_params_from(exp: Experiment, state, source: str):
     return dict(state, params=params, opt_state=opt_state)
 
 
-def _loop(exp, state, data, checkpointer, writer, progress, start_step) -> dict[str, Any]:
+def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=()) -> dict[str, Any]:
     """The steps from ``start_step`` on. Within a step the rows are written before its
-    checkpoint, so a run resumed from a checkpoint has every row up to it."""
+    checkpoint, so a run resumed from a checkpoint has every row up to it. Once ``stop``
+    is non-empty (a signal), the step in progress is saved and the loop ends."""
     config = exp.config
     num_steps = int(config.num_steps)
     log_every = max(int(config.get("log_every", 10)), 1)
@@ -336,12 +491,17 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step) -> dict[
                 writer.write(step, eval_metrics)
                 summary.update(eval_metrics)
             preempted = checkpointer.reached_preemption(step)
-            if preempted or step == num_steps or checkpointer.should_save(step):
+            if stop or preempted or step == num_steps or checkpointer.should_save(step):
                 _check_before_save(pending, state, step)
                 writer.flush()
                 checkpointer.save(step, state, data.get_state(), force=True)
             if preempted:
                 log.warning("preemption signal at step %d: checkpoint saved, stopping", step)
+                break
+            if stop:
+                checkpointer.wait()
+                if step not in checkpointer.all_steps():
+                    raise RuntimeError(f"{stop[0]}: the checkpoint of step {step} was not written")
                 break
         _raise_if_non_finite(pending)
         if start_step == num_steps:  # already complete: evaluate again, log nothing new
@@ -350,12 +510,19 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step) -> dict[
     return summary
 
 
-def restore_params(config: ml_collections.ConfigDict | None, workdir: str, step: int | None = None):
+def restore_params(
+    config: ml_collections.ConfigDict | None,
+    workdir: str,
+    step: int | None = None,
+    *,
+    fallback: bool = False,
+):
     """Parameters of the checkpoint at ``step`` (latest when None) in ``workdir``.
 
     Only the parameters are read, so ``config`` may name another optimizer, batch size
     or number of steps than the run had; the model must be the same. ``config=None``
-    takes the config the run recorded (``workdir/config.json``).
+    takes the config the run recorded (``workdir/config.json``). With ``fallback`` and
+    ``step=None``, an unreadable newest step gives way to the newest readable one.
 
     Returns:
       ``(experiment, params, step)``.
@@ -380,10 +547,32 @@ def restore_params(config: ml_collections.ConfigDict | None, workdir: str, step:
                 f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
                 f"train first with `lhc train`"
             )
-        params, step = checkpointer.restore_params(step, abstract)
+        if step is not None:
+            params, step = checkpointer.restore_params(step, abstract)
+        else:
+            params, step = _newest_params(checkpointer, abstract, fallback)
     finally:
         checkpointer.close()
     return exp, params, step
+
+
+def _newest_params(checkpointer: Checkpointer, abstract, fallback: bool):
+    """The parameters of the newest step, or with ``fallback`` of the newest readable
+    one (each unreadable step said in a warning); otherwise an unreadable newest step
+    is an error that names the earlier steps."""
+    steps = sorted(checkpointer.all_steps(), reverse=True)
+    for index, step in enumerate(steps):
+        try:
+            return checkpointer.restore_params(step, abstract)
+        except UnreadableCheckpoint as error:
+            earlier = steps[index + 1 :]
+            if not (fallback and earlier):
+                if not earlier:
+                    raise
+                hint = f"earlier steps: {earlier}: pass --step {earlier[0]} or --fallback"
+                raise UnreadableCheckpoint(f"{error}; {hint}") from None
+            log.warning("%s; evaluating step %d instead", error, earlier[0])
+    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def resolve_config(
@@ -406,12 +595,17 @@ def resolve_config(
 
 
 def evaluate(
-    config: ml_collections.ConfigDict | None, workdir: str, step: int | None = None
+    config: ml_collections.ConfigDict | None,
+    workdir: str,
+    step: int | None = None,
+    *,
+    fallback: bool = False,
 ) -> dict[str, Any]:
     """Restores the parameters of the latest (or ``step``) checkpoint and runs the task's
-    evaluation; ``config=None`` evaluates with the config the run recorded."""
+    evaluation; ``config=None`` evaluates with the config the run recorded; ``fallback``
+    as ``restore_params``'s."""
     parallel.maybe_initialize_distributed()
-    exp, params, restored_step = restore_params(config, workdir, step)
+    exp, params, restored_step = restore_params(config, workdir, step, fallback=fallback)
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
         metrics = exp.task.evaluate(params)
     metrics["step"] = restored_step

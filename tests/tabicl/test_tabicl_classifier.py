@@ -182,8 +182,6 @@ def test_more_features_than_pretraining_warns(small_orbax):
 
 def test_missing_checkpoint(tmp_path):
     X, y = np.random.default_rng(0).normal(size=(10, 2)), np.arange(10) % 2
-    with pytest.raises(FileNotFoundError, match="allow_auto_download=False"):
-        TabICLClassifier(model_path=tmp_path / "absent.ckpt", allow_auto_download=False).fit(X, y)
     with pytest.raises(ValueError, match="checkpoint_version"):
         TabICLClassifier(checkpoint_version="v9.ckpt").fit(X, y)
 
@@ -244,3 +242,16 @@ def test_scikit_learn_estimator_checks_pass_where_the_reference_passes(small_ckp
         TabICLClassifier(model_path=small_ckpt).fit(
             scipy.sparse.eye(30, 3).tocsr(), np.arange(30) % 2
         )
+
+
+def test_a_missing_model_path_is_named_at_once(tmp_path):
+    # A path that does not exist is an error naming it, whether or not downloads are
+    # allowed: nothing is created there and the Hub is not asked.
+    X, y = np.random.default_rng(0).normal(size=(20, 3)), np.arange(20) % 2
+    missing = tmp_path / "models" / "missing.ckpt"
+    for allow in (True, False):
+        with pytest.raises(FileNotFoundError, match=r"^model_path '.*missing.ckpt': no such file"):
+            TabICLClassifier(n_estimators=1, model_path=missing, allow_auto_download=allow).fit(
+                X, y
+            )
+    assert not (tmp_path / "models").exists()

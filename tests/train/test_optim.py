@@ -1,4 +1,5 @@
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 
 from lhc.train.optim import make_optimizer, make_schedule, weight_decay_mask
+
+CONFIGS = pathlib.Path(__file__).parents[2] / "configs"
 
 
 def _opt(**kw):
@@ -89,3 +92,25 @@ def test_polynomial_schedule_closed_form():
     for step in [0, 30, 100]:
         want = (1.0 - 0.25) * (1 - step / 100) ** 2 + 0.25
         assert float(schedule(step)) == pytest.approx(want, rel=1e-5)
+
+
+def test_warmup_and_decay_follow_a_num_steps_override():
+    # The config computes no schedule lengths: warm-up (5% of the run) and the cosine
+    # decay to 0.1 x the peak are drawn from num_steps as overridden.
+    from lhc.train.config import load_config
+
+    spec = str(CONFIGS / "lm_assoc_recall.py") + ":tiny"
+    config = load_config(spec, ["--config.num_steps=60"])
+    _, schedule = make_optimizer(config.optimizer, config.num_steps)
+    peak = config.optimizer.learning_rate
+    assert float(schedule(3)) == pytest.approx(peak) and float(schedule(1)) < peak
+    t = (30 - 3) / (60 - 3)
+    middle = peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    assert float(schedule(30)) == pytest.approx(middle, rel=1e-5)
+    assert float(schedule(60)) == pytest.approx(0.1 * peak, rel=1e-5)
+    # An explicit warmup_steps wins over the fraction.
+    fixed = load_config(spec, ["num_steps=60", "optimizer.warmup_steps=20"])
+    _, schedule = make_optimizer(fixed.optimizer, fixed.num_steps)
+    assert float(schedule(10)) == pytest.approx(peak / 2) and float(schedule(20)) == pytest.approx(
+        peak
+    )

@@ -1,7 +1,11 @@
 import gc
+import logging
 import math
+import os
 import pathlib
+import re
 import shutil
+import signal
 
 import jax
 import numpy as np
@@ -93,7 +97,7 @@ def test_eval_errors_missing_mismatched_corrupt(tmp_path, straight_run):
     for path in (tmp_path / "run" / "checkpoints" / "6" / "state").rglob("*"):
         if path.is_file() and path.stat().st_size > 0 and path.suffix != ".json":
             path.write_bytes(b"\x00not a checkpoint\xff" * 4)
-    with pytest.raises(ValueError, match="could not be restored"):
+    with pytest.raises(ValueError, match="could not be restored|is unreadable"):
         train.evaluate(config, str(tmp_path / "run"))
     gc.collect()  # orbax's abandoned read coroutine is reported here, not in a later test
 
@@ -152,3 +156,108 @@ def test_init_params_from_another_run(tmp_path, straight_run):
         train.train_and_evaluate(
             _config(f"init_params_from={tmp_path / 'none'}"), str(tmp_path / "bad")
         )
+
+
+def test_a_resume_with_another_model_changes_nothing(tmp_path, straight_run):
+    # The mistake: resuming a 1-layer run with 2 layers. Refused before anything is
+    # written, with the arrays and config keys that differ; the run still resumes and
+    # evaluates with its own config afterwards.
+    shutil.copytree(straight_run[0], tmp_path / "run")
+    record = (tmp_path / "run" / "config.json").read_text()
+    listing = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*"))
+    with pytest.raises(train.WorkdirError) as caught:
+        train.train_and_evaluate(_config("model.num_layers=2"), str(tmp_path / "run"))
+    message = str(caught.value)
+    assert "holds another train state than this config builds" in message
+    assert "layers_1" in message and "model.num_layers: 1 -> 2" in message
+    assert "--config.init_params_from=" in message and "\n" not in message
+    assert (tmp_path / "run" / "config.json").read_text() == record
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*")) == listing
+    # A compatible change (more steps) resumes and is recorded.
+    summary = train.train_and_evaluate(_config("num_steps=7"), str(tmp_path / "run"))
+    assert summary["step"] == 7
+    assert config_lib.load_run_config(str(tmp_path / "run")).num_steps == 7
+    # Evaluation with more layers than the checkpoint has: one clear error.
+    with pytest.raises(ValueError, match="lacks 9 parameters that the config's model has"):
+        train.evaluate(_config("model.num_layers=2"), str(tmp_path / "run"))
+
+
+class _SignalAtStep4(causal_lm.CausalLMTask):
+    """Sends this process ``SIGNALS`` while fetching the 4th batch."""
+
+    SIGNALS: tuple = ()
+
+    def train_iterator(self, process_index, process_count):
+        inner = super().train_iterator(process_index, process_count)
+        signals = self.SIGNALS
+
+        class Signalling(type(inner)):
+            def __next__(self):
+                if self.get_state()["index"] == 3:
+                    for sig in signals:
+                        os.kill(os.getpid(), sig)
+                return super().__next__()
+
+        signalling = Signalling.__new__(Signalling)
+        signalling.__dict__.update(inner.__dict__)
+        return signalling
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_saves_the_step_and_the_rerun_continues(tmp_path, straight_run, sig):
+    _SignalAtStep4.SIGNALS = (sig,)
+    train.register_task(f"causal_lm_signal_{sig.name}")(_SignalAtStep4)
+    config = _config()
+    with config.unlocked():
+        config.task = f"causal_lm_signal_{sig.name}"
+    with pytest.raises(train.Interrupted, match=f"{sig.name} at step 4: checkpoint saved"):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert train.Checkpointer(str(tmp_path / "checkpoints")).all_steps() == [3, 4]
+    assert signal.getsignal(sig) is not None and len(_losses(tmp_path)) == 4
+    _SignalAtStep4.SIGNALS = ()
+    assert train.train_and_evaluate(config, str(tmp_path))["step"] == 6
+    assert _losses(tmp_path) == _losses(straight_run[0])
+
+
+def test_a_second_interrupt_stops_at_once(tmp_path):
+    _SignalAtStep4.SIGNALS = (signal.SIGINT, signal.SIGINT)
+    train.register_task("causal_lm_signal_twice")(_SignalAtStep4)
+    config = _config()
+    with config.unlocked():
+        config.task = "causal_lm_signal_twice"
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(config, str(tmp_path))
+    assert signal.getsignal(signal.SIGINT) is handler
+    # Step 3's checkpoint is complete (the save in flight was finished), no step 4.
+    assert train.Checkpointer(str(tmp_path / "checkpoints")).all_steps() == [3]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_corrupt_latest_checkpoint_gives_way_to_the_one_before(tmp_path, straight_run, caplog):
+    shutil.copytree(straight_run[0], tmp_path / "run")
+    run = str(tmp_path / "run")
+    for path in (tmp_path / "run" / "checkpoints" / "6" / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 0 and path.suffix != ".json":
+            path.write_bytes(path.read_bytes()[:7])  # truncated array files
+    config = _config()
+    with pytest.raises(ValueError) as caught:
+        train.evaluate(config, run)
+    message = str(caught.value)
+    assert re.search(
+        r"step 6 .*(could not be restored|is unreadable).*earlier steps: \[3\]: pass --step 3 or --fallback$",
+        message,
+    )
+    assert "\n" not in message and "TensorStore" not in message
+    assert train.evaluate(config, run, fallback=True)["step"] == 3
+    # Training resumes from step 3 and says so; step 6's files are kept aside.
+    logger = logging.getLogger("lhc.train.trainer")  # the lhc command may stop propagation
+    logger.addHandler(caplog.handler)
+    try:
+        assert train.train_and_evaluate(config, run)["step"] == 6
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "moved to" in caplog.text and "resuming from step 3" in caplog.text
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["3", "6", "6.unreadable"]
+    assert _losses(tmp_path / "run") == _losses(straight_run[0])
+    gc.collect()
