@@ -68,7 +68,7 @@ def test_icl_vectors(checkpoint):
 
 def test_emloc(checkpoint):
     flags = (
-        "--topics sports,food --labels letters --shots 2 --episodes 1 --queries 1 --chunk-size 2 "
+        "--tasks sentiment-letters --shots 2 --episodes 1 --queries 1 --chunk-size 2 "
         "--deltas 0.05 --ratios 0.5"
     ).split()
     result = emloc_bench.main(["--checkpoint", checkpoint, *flags])

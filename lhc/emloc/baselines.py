@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.emloc.compress import Example, join_examples, pooled_head_scores, top_tokens
-from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
+from lhc.emloc.memory import LayerwiseMemory, append_kept, capacity_slots, empty_memory
 from lhc.lm.cache import init_cache
 
 
@@ -33,14 +33,13 @@ def _check_keep(keep: float) -> None:
         raise ValueError(f"keep must be a ratio in (0, 1], got {keep}")
 
 
-@functools.partial(jax.jit, static_argnames=("model", "length"))
-def _prefill(model, params, tokens, embeddings, embedded, probe, *, length):
-    positions = jnp.arange(length, dtype=jnp.int32)[None]
+@functools.partial(jax.jit, static_argnames=("model",))
+def _prefill(model, params, cache, tokens, positions, embeddings, embedded, probe):
     (_, cache), state = model.apply(
         {"params": params},
         tokens,
         positions,
-        init_cache(model.config, 1, length),
+        cache,
         embeddings=embeddings,
         embedding_mask=embedded,
         probe=probe,
@@ -55,29 +54,38 @@ def _prefill(model, params, tokens, embeddings, embedded, probe, *, length):
 
 
 def _context(model, params, examples: Sequence[Example], window: int):
+    """The context's cache and the attention probabilities of its last ``window``
+    tokens (columns: the cache's slots, then the context's own keys), its length, and
+    the number of slots. The context is right-padded to ``capacity_slots`` (positions
+    passed in, not built in the program: one compiled program for contexts of similar
+    lengths)."""
     cfg = model.config
     tokens, _, embeddings, embedded = join_examples(examples, cfg.embed_dim)
     length = tokens.size
     if length > cfg.max_len:
         raise ValueError(f"the context has {length} tokens, the model's max_len is {cfg.max_len}")
+    slots = min(capacity_slots(length), cfg.max_len)
+    pad = slots - length
+    positions = np.pad(np.arange(length, dtype=np.int32), (0, pad), constant_values=-1)
     probe = np.arange(max(0, length - window), length, dtype=np.int32)[None]
     cache, probs = _prefill(
         model,
         params,
-        jnp.asarray(tokens[None]),
-        jnp.asarray(embeddings[None]),
-        jnp.asarray(embedded[None]),
+        init_cache(cfg, 1, slots),
+        jnp.asarray(np.pad(tokens, (0, pad))[None]),
+        jnp.asarray(positions[None]),
+        jnp.asarray(np.pad(embeddings, ((0, pad), (0, 0)))[None]),
+        jnp.asarray(np.pad(embedded, (0, pad))[None]),
         jnp.asarray(probe),
-        length=length,
     )
-    return cache, probs, length
+    return cache, probs, length, slots
 
 
 def _memory(model, cache, length: int, kept: list[np.ndarray]) -> LayerwiseMemory:
     return append_kept(
         empty_memory(model.config),
-        cache.keys,
-        cache.values,
+        [k[:, :, :length] for k in cache.keys],
+        [v[:, :, :length] for v in cache.values],
         np.arange(length),
         kept,
         start=length,
@@ -88,7 +96,7 @@ def uniform_memory(model: Any, params: Any, examples: Sequence[Example], keep: f
     """Every layer and head keeps ``floor(C keep)`` evenly spaced tokens (the last one
     included)."""
     _check_keep(keep)
-    cache, _, length = _context(model, params, examples, window=1)
+    cache, _, length, _ = _context(model, params, examples, window=1)
     count = max(1, int(length * keep))
     chosen = np.unique(np.round(np.linspace(length - 1, 0, count)).astype(int))
     kept = np.tile(chosen, (model.config.num_kv_heads, 1))
@@ -116,13 +124,13 @@ def snapkv_memory(
     _check_keep(keep)
     if window < 1 or pool < 1 or pool % 2 == 0:
         raise ValueError(f"window must be >= 1 and pool odd >= 1, got {window}, {pool}")
-    cache, probs, length = _context(model, params, examples, window)
+    cache, probs, length, slots = _context(model, params, examples, window)
     window = min(window, length)
     count = max(window, int(length * keep))
     kept = []
     for layer_probs in probs:
         # Columns: the cache's (empty) slots, then the context's own keys.
-        own = np.asarray(layer_probs)[..., length:]
+        own = np.asarray(layer_probs)[..., slots:]
         scores = snapkv_scores(own, model.config.num_kv_heads, length, pool)
         scores[:, length - window :] = np.inf  # the observation window stays
         kept.append(top_tokens(scores, count))

@@ -5,13 +5,20 @@ On a model trained with ``configs/emloc_manyshot.py`` (text or images)::
     lhc bench emloc --workdir /tmp/emloc/text --episodes 8 --queries 20 \
         --chunk-size 4 --deltas 0.001,0.005,0.05
 
-Per episode (fresh labels, keywords or prototypes): the demonstrations are compressed
-with EMLoC at each ``delta``; uniform pruning, SnapKV-style pruning and *fewer shots*
-(the last demonstrations, whole, as many tokens as EMLoC kept) get the same budget:
-EMLoC's kept fraction of that episode and delta. Every method answers the same queries
-on its memory (greedy next token = the label). Rows: accuracy, kept fraction, memory of
-the kept keys and values, seconds of the compression step (after a first, compiling,
-episode that is not timed), per method and delta, means over the episodes.
+On a pretrained model, text classification tasks of ``lhc.data.word_tasks``
+(demonstrations from each task's train part, queries from its test part)::
+
+    lhc bench emloc --checkpoint smollm2-135m-instruct --tasks topic-letters,sentiment-words \
+        --shots 64 --episodes 5 --queries 24
+
+Per episode (fresh labels, keywords or prototypes; fresh demonstrations): the
+demonstrations are compressed with EMLoC at each ``delta``; uniform pruning,
+SnapKV-style pruning and *fewer shots* (the last demonstrations, whole, as many tokens
+as EMLoC kept) get the same budget: EMLoC's kept fraction of that episode and delta.
+Every method answers the same queries on its memory (greedy next token = the label).
+Rows: accuracy, kept fraction, memory of the kept keys and values, seconds of the
+compression step with the time JAX spent compiling in it taken out (and that time), per
+task, method and delta, means over the episodes.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import time
 import numpy as np
 
 from lhc import bench, lm
-from lhc.data.topics import TopicTask
+from lhc.data import word_tasks
 from lhc.emloc import baselines
 from lhc.emloc.compress import EMLoCConfig, compress, next_token_logits
 from lhc.emloc.manyshot import ManyShot, PatchLM, episode, text_episode, with_embeddings
@@ -55,10 +62,14 @@ def _generated_episodes(model: PatchLM, params, task: ManyShot, shots: int, quer
     return make
 
 
-def _text_episodes(tokenizer, task: TopicTask, shots: int, queries: int):
-    """``make(seed) -> (demonstrations, queries, answers)`` of English topic
-    classification (``lhc.emloc.manyshot.text_episode``)."""
-    return lambda seed: text_episode(np.random.default_rng(seed), tokenizer, task, shots, queries)
+def _text_episodes(tokenizer, task: word_tasks.WordTask, shots: int, queries: int, split: int):
+    """``make(seed) -> (demonstrations, queries, answers)`` of a word-list task
+    (``lhc.emloc.manyshot.text_episode``): demonstrations from its train part,
+    queries from its test part (parts drawn with ``split``)."""
+    train, test = task.part("train", split), task.part("test", split)
+    return lambda seed: text_episode(
+        np.random.default_rng(seed), tokenizer, train, shots, queries, query_task=test
+    )
 
 
 def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
@@ -67,7 +78,12 @@ def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
     context = sum(len(d) for d in demos)
     rows = []
 
-    def row(method, delta, memory, seconds):
+    def row(method, delta, make, *args, **kwargs):
+        with bench.compile_clock() as compiling:
+            began = time.perf_counter()
+            made = make(*args, **kwargs)
+            seconds = time.perf_counter() - began
+        memory = getattr(made, "memory", made)
         kept = float(np.mean(memory.sizes()) / context)
         accuracy = _accuracy(model, params, memory, queries, answers)
         rows.append(
@@ -77,29 +93,26 @@ def _episode_rows(model, params, make_episode, args, seed) -> list[dict]:
                 accuracy=accuracy,
                 kept=kept,
                 memory_kib=memory.nbytes() / 1024,
-                seconds=seconds,
+                seconds=seconds - compiling["seconds"],
+                compile_seconds=compiling["seconds"],
+                context_tokens=context,
             )
         )
+        return made
 
-    began = time.perf_counter()
-    full = baselines.uniform_memory(model, params, demos, 1.0)
-    row("full context", None, full, time.perf_counter() - began)
+    row("full context", None, baselines.uniform_memory, model, params, demos, 1.0)
     for delta in args.deltas:
         config = EMLoCConfig(chunk_size=args.chunk_size, ratios=tuple(args.ratios), delta=delta)
-        compression = compress(model, params, demos, config)
-        row("EMLoC", delta, compression.memory, compression.seconds)
+        compression = row("EMLoC", delta, compress, model, params, demos, config)
         keep = max(compression.kept_fraction(), 1 / context)
-        began = time.perf_counter()
-        uniform = baselines.uniform_memory(model, params, demos, keep)
-        row("uniform", delta, uniform, time.perf_counter() - began)
-        began = time.perf_counter()
-        snap = baselines.snapkv_memory(model, params, demos, keep, window=args.window)
-        row("SnapKV-style", delta, snap, time.perf_counter() - began)
+        row("uniform", delta, baselines.uniform_memory, model, params, demos, keep)
+        snapkv = baselines.snapkv_memory
+        row("SnapKV-style", delta, snapkv, model, params, demos, keep, window=args.window)
         budget, shots = keep * context, 0
         while shots < len(demos) and sum(len(d) for d in demos[-(shots + 1) :]) <= budget:
             shots += 1
-        fewer = baselines.uniform_memory(model, params, demos[-max(shots, 1) :], 1.0)
-        row("fewer shots", delta, fewer, 0.0)
+        fewer = demos[-max(shots, 1) :]
+        row("fewer shots", delta, baselines.uniform_memory, model, params, fewer, 1.0)
     return rows
 
 
@@ -108,64 +121,72 @@ def run(args) -> dict:
         # EMLoC's memory keeps different tokens per layer: layers unrolled.
         loaded = bench.load_model_source(args, scan_layers=False)
         args.shots = args.shots or 16
-        task = TopicTask(tuple(args.topics), args.labels)
-        model, params, step, kind = loaded.model, loaded.params, None, "text (topics)"
-        make_episode = _text_episodes(loaded.tokenizer, task, args.shots, args.queries)
+        try:
+            tasks = {name: word_tasks.task(name) for name in args.tasks}
+        except ValueError as error:
+            raise SystemExit(f"--tasks: {error}") from None
+        model, params, step, kind = loaded.model, loaded.params, None, "text (word tasks)"
+        episodes = {
+            name: _text_episodes(loaded.tokenizer, task, args.shots, args.queries, args.seed)
+            for name, task in tasks.items()
+        }
     else:
         patch_model, patch_params, task, trained_shots, step = _load(args.workdir)
         args.shots = args.shots or trained_shots
         model, params = lm.Transformer(patch_model.config), patch_params["lm"]
-        make_episode = _generated_episodes(
-            patch_model, patch_params, task, args.shots, args.queries
-        )
         kind = task.modality
+        episodes = {
+            kind: _generated_episodes(patch_model, patch_params, task, args.shots, args.queries)
+        }
     print(
         f"model: {args.workdir or args.checkpoint} (step {step}), {kind}, {args.shots} shots, "
-        f"{args.episodes} episodes x {args.queries} queries",
+        f"{args.episodes} episodes x {args.queries} queries per task",
         flush=True,
     )
     return dict(
         workdir=args.workdir,
         checkpoint=args.checkpoint,
         step=step,
-        **evaluate(model, params, make_episode, kind, args),
+        **evaluate(model, params, episodes, kind, args),
     )
 
 
-def evaluate(model, params, make_episode, kind: str, args) -> dict:
-    """The table (means per method and delta) and every episode's rows."""
-    _episode_rows(model, params, make_episode, args, seed=args.seed - 1)  # compiles; not timed
+MEANS = ("accuracy", "kept", "memory_kib", "seconds", "compile_seconds")
+
+
+def evaluate(model, params, episodes, kind: str, args) -> dict:
+    """The table (means per task, method and delta; over all tasks too when there are
+    several) and every episode's rows. ``episodes``: ``{task: make(seed)}``."""
     rows = []
-    for index in range(args.episodes):
-        rows += _episode_rows(model, params, make_episode, args, seed=args.seed + index)
-        print(f"episode {index + 1}/{args.episodes} done", flush=True)
+    for task, make_episode in episodes.items():
+        for index in range(args.episodes):
+            made = _episode_rows(model, params, make_episode, args, seed=args.seed + index)
+            rows += [dict(row, task=task, episode=index) for row in made]
+            print(f"{task}: episode {index + 1}/{args.episodes} done", flush=True)
+    groups = list(episodes) + (["all"] if len(episodes) > 1 else [])
     table = []
-    keys = sorted({(r["method"], r["delta"]) for r in rows}, key=lambda k: (k[1] or 0, k[0]))
-    for method, delta in keys:
-        group = [r for r in rows if r["method"] == method and r["delta"] == delta]
-        table.append(
-            dict(
-                method=method,
-                delta=delta,
-                episodes=len(group),
-                **{
-                    k: float(np.mean([r[k] for r in group]))
-                    for k in ("accuracy", "kept", "memory_kib", "seconds")
-                },
-            )
-        )
+    for task in groups:
+        of_task = [r for r in rows if task in ("all", r["task"])]
+        keys = sorted({(r["method"], r["delta"]) for r in of_task}, key=lambda k: (k[1] or 0, k[0]))
+        for method, delta in keys:
+            group = [r for r in of_task if r["method"] == method and r["delta"] == delta]
+            means = {k: float(np.mean([r[k] for r in group])) for k in MEANS}
+            table.append(dict(task=task, method=method, delta=delta, episodes=len(group), **means))
     columns = [
+        ("task", "task"),
         ("method", "method"),
         ("delta", "delta", "g"),
         ("accuracy", "accuracy", ".3f"),
         ("kept", "kept", ".3f"),
         ("memory (KiB)", "memory_kib", ".1f"),
         ("compression (s)", "seconds", ".2f"),
+        ("compiling (s)", "compile_seconds", ".1f"),
     ]
     shown = [dict(t, delta="—") if t["delta"] is None else t for t in table]
     print("\n" + bench.markdown_table(columns, shown))
     return dict(
         modality=kind,
+        tasks=list(episodes),
         shots=args.shots,
         episodes=args.episodes,
         queries=args.queries,
@@ -180,16 +201,10 @@ def _parser():
     p = bench.parser("emloc", __doc__)
     bench.add_model_source(p, workdir_help="a model of configs/emloc_manyshot.py")
     p.add_argument(
-        "--topics",
+        "--tasks",
         type=bench.str_list,
-        default="sports,food,weather,music",
-        help="with --checkpoint: English topic classification (lhc.data.topics)",
-    )
-    p.add_argument(
-        "--labels",
-        default="names",
-        choices=("names", "letters"),
-        help="with --checkpoint: the topics' names or letters",
+        default="topic-letters",
+        help="with --checkpoint: word-list tasks of lhc.data.word_tasks (comma-separated)",
     )
     p.add_argument(
         "--shots", type=int, default=0, help="default: the training shots (16 with --checkpoint)"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,7 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
+from lhc.emloc.memory import LayerwiseMemory, append_kept, capacity_slots, empty_memory
+
+# Rows are padded to a multiple of ROW_BUCKET tokens, a chunk's prefill to a multiple of
+# CHUNK_BUCKET: one compiled program for rows and chunks of similar lengths.
+ROW_BUCKET = 16
+CHUNK_BUCKET = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,19 +167,28 @@ def join_examples(examples: Sequence[Example], embed_dim: int):
     return tokens, answer, embeddings, embedded
 
 
+def _used(example: Example) -> int:
+    """Tokens up to the last one that predicts an answer token (all, if none does)."""
+    predicting = np.flatnonzero(np.asarray(example.answer)[1:])
+    return int(predicting[-1]) + 1 if predicting.size else len(example)
+
+
 def _rows(examples: Sequence[Example], embed_dim: int, first_position: int, probe: bool = True):
-    """The examples as right-padded rows, and the queries predicting their answers."""
-    width = max(len(e) for e in examples)
+    """The examples as rows right-padded to a multiple of ``ROW_BUCKET``, and the queries
+    predicting their answers. With ``probe``, each row ends at its last query (what
+    follows cannot change what the queries see)."""
+    used = [_used(e) if probe else len(e) for e in examples]
+    width = ROW_BUCKET * math.ceil(max(used) / ROW_BUCKET)
     rows = len(examples)
     tokens = np.zeros((rows, width), np.int32)
     positions = np.full((rows, width), -1, np.int32)
     embeddings = np.zeros((rows, width, embed_dim), np.float32)
     embedded = np.zeros((rows, width), bool)
     predicting = []
-    for r, e in enumerate(examples):
+    for r, (e, n) in enumerate(zip(examples, used)):
         t, _, emb, mask = join_examples([e], embed_dim)
-        tokens[r, : len(e)], embeddings[r, : len(e)], embedded[r, : len(e)] = t, emb, mask
-        positions[r, : len(e)] = first_position + np.arange(len(e))
+        tokens[r, :n], embeddings[r, :n], embedded[r, :n] = t[:n], emb[:n], mask[:n]
+        positions[r, :n] = first_position + np.arange(n)
         predicting.append(np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
     queries = max(1, max(len(p) for p in predicting))
     picked = np.zeros((rows, queries), np.int32)
@@ -209,11 +224,6 @@ def _prefill(model, params, memory, tokens, positions, embeddings, embedded):
     return memory
 
 
-def _answer_log_probs(logits: jax.Array, probe: jax.Array) -> jax.Array:
-    picked = jnp.take_along_axis(logits, probe[:, :, None], axis=1)
-    return jax.nn.log_softmax(picked.astype(jnp.float32), axis=-1)
-
-
 @functools.partial(jax.jit, static_argnames=("model",))
 def _teacher(model, params, memory, tokens, positions, embeddings, embedded, probe):
     (logits, _), state = _apply(
@@ -225,21 +235,30 @@ def _teacher(model, params, memory, tokens, positions, embeddings, embedded, pro
         embeddings,
         embedded,
         probe=probe,
+        logits_at=probe,
         mutable=["intermediates"],
     )
     inter = state["intermediates"]
     layers = [inter[f"layers_{i}"] for i in range(model.config.num_layers)]
     inputs = [layer["layer_input"][0] for layer in layers]
     probs = [layer["attention"]["attention_probs"][0] for layer in layers]
-    return _answer_log_probs(logits, probe), inputs, probs
+    return jax.nn.log_softmax(logits, axis=-1), inputs, probs
 
 
-@functools.partial(jax.jit, static_argnames=("model", "start"))
-def _student(model, params, memory, positions, hidden, probe, *, start):
+@functools.partial(jax.jit, static_argnames=("model",))
+def _student(model, params, memory, positions, hidden, probe, start):
+    """The answer distributions of the rows run again from layer ``start`` (traced:
+    one program for every layer)."""
     logits, _ = model.apply(
-        {"params": params}, None, positions, memory, embeddings=hidden, start_layer=start
+        {"params": params},
+        None,
+        positions,
+        memory,
+        embeddings=hidden,
+        start_layer=start,
+        logits_at=probe,
     )
-    return _answer_log_probs(logits, probe)
+    return jax.nn.log_softmax(logits, axis=-1)
 
 
 def js_divergence(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
@@ -351,8 +370,15 @@ def compress(
             f"({len(examples)} examples)"
         )
     began = time.perf_counter()
-    memory = empty_memory(cfg) if memory is None else memory
     context = sum(len(e) for e in examples)
+    # Every layer gets room for the whole context at once: the programs compiled for the
+    # first chunk serve every chunk.
+    if memory is None:
+        memory = empty_memory(cfg, slots=capacity_slots(context))
+    else:
+        held = max(memory.sizes())
+        most = max(p.shape[-1] for p in memory.positions)
+        memory = memory.padded(max(most, capacity_slots(held + context)))
     decisions = []
     chunks = [
         examples[i : i + config.chunk_size] for i in range(0, len(examples), config.chunk_size)
@@ -375,14 +401,16 @@ def _compress_chunk(model, params, memory, chunk, config, index):
             f"the model's max_len {cfg.max_len}"
         )
     positions = first + np.arange(length, dtype=np.int32)
+    # The chunk right-padded (its first slots hold it).
+    padded = min(CHUNK_BUCKET * math.ceil(length / CHUNK_BUCKET), cfg.max_len) - length
     filled = _prefill(
         model,
         params,
-        memory.with_tail(cfg, length),
-        jnp.asarray(tokens[None]),
-        jnp.asarray(positions[None]),
-        jnp.asarray(embeddings[None]),
-        jnp.asarray(embedded[None]),
+        memory.with_tail(cfg, length + padded),
+        jnp.asarray(np.pad(tokens, (0, padded))[None]),
+        jnp.asarray(np.pad(positions, (0, padded), constant_values=-1)[None]),
+        jnp.asarray(np.pad(embeddings, ((0, padded), (0, 0)))[None]),
+        jnp.asarray(np.pad(embedded, (0, padded))[None]),
     )
     everything = np.tile(np.arange(length), (cfg.num_kv_heads, 1))
     combined = append_kept(
@@ -420,7 +448,7 @@ def _compress_chunk(model, params, memory, chunk, config, index):
             jnp.asarray(row_positions),
             inputs[layer],
             probe_j,
-            start=layer,
+            jnp.int32(layer),
         )
         js = js_divergence(teacher, student)
         return float(jnp.sum(jnp.where(valid_j, js, 0.0)) / jnp.sum(valid_j))
@@ -478,8 +506,10 @@ def _compress_chunk(model, params, memory, chunk, config, index):
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _query_logits(model, params, memory, tokens, positions, embeddings, embedded, last):
-    logits, _ = _apply(model, params, memory, tokens, positions, embeddings, embedded)
-    return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    logits, _ = _apply(
+        model, params, memory, tokens, positions, embeddings, embedded, logits_at=last[:, None]
+    )
+    return logits[:, 0]
 
 
 def next_token_logits(
@@ -495,7 +525,9 @@ def next_token_logits(
         queries, cfg.embed_dim, start, probe=False
     )
     last = np.array([len(q) - 1 for q in queries], np.int32)
-    batch = memory.broadcast(len(queries)).with_tail(cfg, tokens.shape[1])
+    # Every layer padded to one capacity: one program for memories of similar sizes.
+    slots = capacity_slots(max(p.shape[-1] for p in memory.positions))
+    batch = memory.padded(slots).broadcast(len(queries)).with_tail(cfg, tokens.shape[1])
     return _query_logits(
         model,
         params,

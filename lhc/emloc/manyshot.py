@@ -30,7 +30,6 @@ import numpy as np
 
 from lhc import lm
 from lhc.data.iterators import row_rngs, stack_rows
-from lhc.data.topics import TopicTask
 from lhc.emloc.compress import Example
 from lhc.nn.linear import dense
 from lhc.train.causal_lm import CausalLMTask, lm_config_from
@@ -175,16 +174,24 @@ def episode(rng: np.random.Generator, task: ManyShot, shots: int, queries: int) 
     return Episode(demonstrations, query_list, np.asarray(answers, np.int32), features)
 
 
-TEXT_DEMONSTRATION = "Text: {text}\nTopic:"
-
-
 def text_episode(
-    rng: np.random.Generator, tokenizer, task: TopicTask, shots: int, queries: int
+    rng: np.random.Generator,
+    tokenizer,
+    task,
+    shots: int,
+    queries: int,
+    query_task=None,
 ) -> tuple[list[Example], list[Example], np.ndarray]:
-    """English topic classification (``lhc.data.topics``) in a pretrained model's
-    tokens: ``shots`` demonstrations ``Text: <sentence>\nTopic: <label>\n\n`` (classes
-    balanced, shuffled; the answer is the label's first token), ``queries`` queries
-    ``Text: <sentence>\nTopic:`` and their answers, the label's first token.
+    """Text classification in a pretrained model's tokens: ``shots`` demonstrations
+    ``<input>: <label>\n\n`` (``task.prompt_input``; classes balanced, shuffled; the
+    answer is the label's first token), ``queries`` queries ``<input>:`` and their
+    answers, the label's first token.
+
+    Args:
+        task: a task with ``sample``, ``label_texts`` and ``prompt_input``
+            (``lhc.data.word_tasks.WordTask``, ``lhc.data.topics.TopicTask``).
+        query_task: where the queries come from (default: ``task``; e.g. the test part
+            of a ``WordTask`` whose train part gives the demonstrations).
 
     Raises:
         ValueError: two labels that start with the same token.
@@ -197,15 +204,15 @@ def text_episode(
     texts, classes = task.sample(rng, shots)
     demonstrations = []
     for text, label in zip(texts, classes):
-        prompt = tokenizer.encode(TEXT_DEMONSTRATION.format(text=text))
+        prompt = tokenizer.encode(f"{task.prompt_input(text)}:")
         tokens = np.asarray([*prompt, *labels[label], *newline], np.int32)
         answer = np.zeros(tokens.size, bool)
         answer[len(prompt)] = True
         demonstrations.append(Example(tokens, answer))
-    texts, classes = task.sample(rng, queries)
+    texts, classes = (query_task or task).sample(rng, queries)
     query_list = []
     for text in texts:
-        tokens = np.asarray(tokenizer.encode(TEXT_DEMONSTRATION.format(text=text)), np.int32)
+        tokens = np.asarray(tokenizer.encode(f"{task.prompt_input(text)}:"), np.int32)
         query_list.append(Example(tokens, np.zeros(tokens.size, bool)))
     return demonstrations, query_list, np.asarray([firsts[c] for c in classes], np.int32)
 

@@ -31,6 +31,8 @@ from lhc.nn.attention import KVView
 # Memory slots are allocated in multiples of this, so that a memory growing chunk by
 # chunk reuses compiled programs.
 SLOT_BUCKET = 64
+# Capacities (``capacity_slots``) are multiples of this.
+CAPACITY_BUCKET = 512
 
 
 @struct.dataclass
@@ -153,6 +155,28 @@ class LayerwiseMemory:
         """This memory with an empty tail of ``slots`` slots per sequence."""
         return self.replace(tail=init_cache(config, self.batch_size, slots))
 
+    def padded(self, slots: int) -> LayerwiseMemory:
+        """This memory with ``slots`` slots in every layer (empty ones added at the end),
+        so that programs compiled for one capacity serve memories of any sizes below it.
+
+        Raises:
+            ValueError: a layer already has more slots.
+        """
+        most = max(p.shape[-1] for p in self.positions)
+        if most > slots:
+            raise ValueError(f"padded: a layer has {most} slots, more than slots={slots}")
+
+        def grow(x, fill):
+            width = [(0, 0)] * x.ndim
+            width[2] = (0, slots - x.shape[2])
+            return jnp.pad(x, width, constant_values=fill)
+
+        return self.replace(
+            keys=tuple(grow(k, 0) for k in self.keys),
+            values=tuple(grow(v, 0) for v in self.values),
+            positions=tuple(grow(p, -1) for p in self.positions),
+        )
+
     def broadcast(self, batch_size: int) -> LayerwiseMemory:
         """A memory of one sequence repeated for ``batch_size`` (its tail emptied to the
         same number of slots)."""
@@ -168,20 +192,23 @@ class LayerwiseMemory:
         )
 
 
-def empty_memory(config, batch_size: int = 1, tail_slots: int = 1) -> LayerwiseMemory:
-    """A memory holding nothing, for a model of ``config`` (``scan_layers=False``)."""
+def empty_memory(
+    config, batch_size: int = 1, tail_slots: int = 1, slots: int = 0
+) -> LayerwiseMemory:
+    """A memory holding nothing, for a model of ``config`` (``scan_layers=False``), with
+    ``slots`` empty slots in every layer (room to grow without changing shapes)."""
     if getattr(config, "scan_layers", False):
         raise ValueError(
             "a LayerwiseMemory keeps a different number of tokens in every layer: it needs "
             "a model that loops over its layers (scan_layers=False)"
         )
-    shape = (batch_size, config.num_kv_heads, 0, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, slots, config.head_dim)
     dtype = jnp.dtype(config.dtype)
     layers = range(config.num_layers)
     return LayerwiseMemory(
         keys=tuple(jnp.zeros(shape, dtype) for _ in layers),
         values=tuple(jnp.zeros(shape, dtype) for _ in layers),
-        positions=tuple(jnp.zeros(shape[:3], jnp.int32) for _ in layers),
+        positions=tuple(jnp.full(shape[:3], -1, jnp.int32) for _ in layers),
         start=jnp.zeros((batch_size,), jnp.int32),
         tail=init_cache(config, batch_size, tail_slots),
     )
@@ -190,6 +217,12 @@ def empty_memory(config, batch_size: int = 1, tail_slots: int = 1) -> LayerwiseM
 def padded_slots(count: int) -> int:
     """``count`` rounded up to a multiple of ``SLOT_BUCKET``."""
     return max(SLOT_BUCKET, SLOT_BUCKET * math.ceil(count / SLOT_BUCKET))
+
+
+def capacity_slots(count: int) -> int:
+    """Slots for ``count`` tokens in coarse steps (a multiple of ``CAPACITY_BUCKET``), so
+    that one compiled program serves contexts of similar sizes."""
+    return CAPACITY_BUCKET * max(1, math.ceil(count / CAPACITY_BUCKET))
 
 
 def append_kept(
@@ -213,7 +246,8 @@ def append_kept(
 
     Returns:
         A memory whose layer ``l`` holds its old tokens and the ``n_l`` new ones per head,
-        in slots rounded up to a multiple of ``SLOT_BUCKET``; its tail is emptied.
+        in its slots, or, where they do not fit, in slots rounded up to a multiple of
+        ``SLOT_BUCKET``; its tail is emptied.
     """
     if memory.batch_size != 1:
         raise ValueError(f"append_kept needs a memory of one sequence, got {memory.batch_size}")
@@ -224,7 +258,7 @@ def append_kept(
         held = np.asarray(memory.positions[layer])[0]  # [K, M]
         count = int(np.sum(held[0] >= 0))
         heads, n = index.shape
-        slots = padded_slots(count + n)
+        slots = max(held.shape[-1], padded_slots(count + n))
         position_block = np.full((heads, slots), -1, np.int32)
         position_block[:, :count] = held[:, :count]
         position_block[:, count : count + n] = positions[index]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.lm.cache import repeat_rows
 from lhc.lm.decoding import (
     DEFAULT_PREFILL_CHUNK,
     bucket_length,
@@ -63,18 +64,6 @@ class AnswerScores:
     def probabilities(self) -> np.ndarray:
         """``[P, K]``: p(answer | prompt)."""
         return np.exp(self.logprobs)
-
-
-def repeat_rows(cache, repeats: int):
-    """The cache with every sequence repeated ``repeats`` times in a row (sequence ``b``
-    becomes rows ``b * repeats .. (b + 1) * repeats - 1``), for any cache of the protocol
-    of ``lhc.lm.cache``: each leaf is repeated along the axis its ``logical_axes()``
-    names ``cache_batch``."""
-
-    def repeat(leaf, spec):
-        return jnp.repeat(leaf, repeats, axis=tuple(spec).index("cache_batch"))
-
-    return jax.tree.map(repeat, cache, cache.logical_axes())
 
 
 @functools.partial(jax.jit, static_argnums=0, static_argnames="chunk_size")

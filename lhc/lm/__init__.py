@@ -48,6 +48,7 @@ from lhc.lm.cache import (
     SlidingWindowKVCache,
     init_cache,
     init_sliding_window_cache,
+    repeat_rows,
 )
 from lhc.lm.checkpoints import Checkpoint, default_dtype, load_checkpoint, resolve_checkpoint
 from lhc.lm.config import PRESETS, LMConfig, get_preset
@@ -126,6 +127,7 @@ __all__ = [
     "SlidingWindowKVCache",
     "init_cache",
     "init_sliding_window_cache",
+    "repeat_rows",
     # Decoding and sampling.
     "DecodeState",
     "GenerateOutput",

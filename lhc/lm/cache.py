@@ -77,6 +77,18 @@ def is_concrete(*values) -> bool:
     return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
 
 
+def repeat_rows(cache, repeats: int):
+    """The cache with every sequence repeated ``repeats`` times in a row (sequence ``b``
+    becomes rows ``b * repeats .. (b + 1) * repeats - 1``), for any cache of the protocol
+    of ``lhc.lm.cache``: each leaf is repeated along the axis its ``logical_axes()``
+    names ``cache_batch``."""
+
+    def repeat(leaf, spec):
+        return jnp.repeat(leaf, repeats, axis=tuple(spec).index("cache_batch"))
+
+    return jax.tree.map(repeat, cache, cache.logical_axes())
+
+
 @runtime_checkable
 class Cache(Protocol):
     """What every model's cache offers (see the module docstring)."""

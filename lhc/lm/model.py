@@ -228,35 +228,50 @@ def _check_cache(config: LMConfig, cache, batch_size: int, length: int) -> None:
 
 
 def _check_start(config: LMConfig, tokens, positions, embeddings, start_layer, probe) -> None:
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
+    traced = isinstance(start_layer, jax.Array)
+    if traced:
+        if start_layer.ndim or not jnp.issubdtype(start_layer.dtype, jnp.integer):
+            raise ValueError(
+                f"start_layer must be an int or an int scalar array, got {start_layer.dtype} "
+                f"{start_layer.shape}"
+            )
+    elif isinstance(start_layer, bool) or not isinstance(start_layer, int):
         raise ValueError(f"start_layer must be an int, got {start_layer!r}")
-    if not 0 <= start_layer < config.num_layers:
+    if is_concrete(start_layer) and not 0 <= int(start_layer) < config.num_layers:
         raise ValueError(
             f"start_layer must be in [0, num_layers={config.num_layers}), got {start_layer}"
         )
-    if start_layer and (tokens is not None or embeddings is None):
+    if (traced or start_layer) and (tokens is not None or embeddings is None):
         raise ValueError(
             "start_layer > 0 runs from the residual stream entering that layer: give it as "
             "embeddings, with tokens=None"
         )
-    if start_layer and config.scan_layers:
+    if (traced or start_layer) and config.scan_layers:
         raise ValueError(
             "start_layer > 0 needs a model that loops over its layers (scan_layers=False; "
             "lhc.lm.unstack_layer_params converts scanned parameters)"
         )
-    if probe is not None and (
-        probe.ndim != 2
-        or probe.shape[0] != positions.shape[0]
-        or not jnp.issubdtype(probe.dtype, jnp.integer)
+    _check_columns("probe", probe, positions)
+
+
+def _check_columns(name: str, columns, positions) -> None:
+    """``columns``: ``None`` or int ``[B, Q]`` indices into the ``T`` columns of ``positions``."""
+    if columns is None:
+        return
+    if (
+        columns.ndim != 2
+        or columns.shape[0] != positions.shape[0]
+        or not jnp.issubdtype(columns.dtype, jnp.integer)
     ):
         raise ValueError(
-            f"probe must be int [B, Q] with B={positions.shape[0]}, got {probe.shape} {probe.dtype}"
+            f"{name} must be int [B, Q] with B={positions.shape[0]}, got {columns.shape} "
+            f"{columns.dtype}"
         )
-    if probe is not None and is_concrete(probe):
-        values = np.asarray(probe)
+    if is_concrete(columns):
+        values = np.asarray(columns)
         if values.size and (values.min() < 0 or values.max() >= positions.shape[1]):
             raise ValueError(
-                f"probe indices must lie in [0, T={positions.shape[1]}), got min {values.min()} "
+                f"{name} indices must lie in [0, T={positions.shape[1]}), got min {values.min()} "
                 f"max {values.max()}"
             )
 
@@ -350,8 +365,9 @@ class Transformer(nn.Module):
         embedding_mask: jax.Array | None = None,
         intervention: Intervention | None = None,
         last_only: bool = False,
-        start_layer: int = 0,
+        start_layer: int | jax.Array = 0,
         probe: jax.Array | None = None,
+        logits_at: jax.Array | None = None,
     ) -> tuple[jax.Array, Cache | None]:
         """Runs the model on ``T`` new tokens per sequence.
 
@@ -370,11 +386,16 @@ class Transformer(nn.Module):
                 are skipped, so a cache given here receives this call's keys in layers
                 ``>= start_layer`` only: attend to it, do not decode on with the
                 returned cache. Needs ``scan_layers=False`` (``unstack_layer_params``
-                converts the parameters).
+                converts the parameters). An int scalar array (traced under ``jit``)
+                gives one compiled program for every start: each layer runs under a
+                ``lax.cond`` (intermediates cannot be collected then).
             probe: ``None`` or int ``[B, Q]`` indices into ``T``: each layer sows the
                 attention probabilities of those queries (``intermediates`` /
                 ``attention_probs``, float32 ``[B, N, Q, S]``, over the cache's keys
                 then this call's; see ``lhc.nn.KVView.probabilities``).
+            logits_at: ``None`` or int ``[B, Q]`` indices into ``T``: compute the logits
+                of those columns only (``[B, Q, V]``; scoring a few answer tokens of
+                long rows).
 
         Returns:
             ``(logits, cache)``: float32 ``[B, T, V]`` and the updated cache (``None`` if
@@ -389,6 +410,9 @@ class Transformer(nn.Module):
         cfg = self.config
         _check_inputs(cfg, tokens, positions, cache, embeddings, embedding_mask, intervention)
         _check_start(cfg, tokens, positions, embeddings, start_layer, probe)
+        _check_columns("logits_at", logits_at, positions)
+        if last_only and logits_at is not None:
+            raise ValueError("give last_only or logits_at, not both")
         positions = positions.astype(jnp.int32)
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
 
@@ -426,20 +450,38 @@ class Transformer(nn.Module):
                 jnp.arange(cfg.num_layers, dtype=jnp.int32),
             )
         else:
-            for layer in range(start_layer, cfg.num_layers):
-                (x, layers), _ = block_class(
-                    cfg, window=cfg.layer_window(layer), name=f"layers_{layer}"
-                )(
-                    (x, layers),
+            # A traced start_layer: every layer is compiled, those below it are skipped
+            # at run time (one program serves every start).
+            traced = isinstance(start_layer, jax.Array)
+            if traced and self.is_mutable_collection("intermediates"):
+                raise ValueError(
+                    "start_layer as an array skips layers at run time and sows nothing: "
+                    "collect intermediates with an int start_layer"
+                )
+            for layer in range(0 if traced else start_layer, cfg.num_layers):
+                block = block_class(cfg, window=cfg.layer_window(layer), name=f"layers_{layer}")
+                args = (
                     positions,
                     writer,
                     probe,
                     None if intervention is None else intervention.layer(layer),
                     layer,
                 )
+                if traced:
+                    x, layers = nn.cond(
+                        layer >= start_layer,
+                        lambda mdl, carry, args=args: mdl(carry, *args)[0],
+                        lambda mdl, carry: carry,
+                        block,
+                        (x, layers),
+                    )
+                else:
+                    (x, layers), _ = block((x, layers), *args)
 
         if last_only:
             x = x[:, -1:]
+        elif logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
         x = norm_layer(cfg, "final_norm")(x)
         logits = output_logits(embed, x, tie=cfg.tie_embeddings, kernel_layout=cfg.kernel_layout)
         logits = nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))

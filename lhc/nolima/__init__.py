@@ -27,6 +27,7 @@ from lhc.nolima.evaluate import (
     PromptFormat,
     Test,
     build,
+    common_prefix,
     evaluate,
     make_tests,
     model_generate,
@@ -51,17 +52,20 @@ from lhc.nolima.needles import (
     needle_cases,
     parse_needle_set,
     rouge1_precision,
+    sample_cases,
     to_json,
 )
 from lhc.nolima.scores import (
     base_score,
     contains,
     effective_length,
+    interval_table,
     length_scores,
     pair_scores,
     plot,
     summary,
     table,
+    wilson_interval,
 )
 
 __all__ = [
@@ -81,10 +85,12 @@ __all__ = [
     "evaluate",
     "fill",
     "filter_lines",
+    "interval_table",
     "length_scores",
     "lhc_needle_set",
     "load_needle_set",
     "make_tests",
+    "common_prefix",
     "model_generate",
     "names_absent",
     "needle_cases",
@@ -94,8 +100,10 @@ __all__ = [
     "prompt_tokens",
     "read_results",
     "rouge1_precision",
+    "sample_cases",
     "shuffled_haystack",
     "summary",
     "table",
+    "wilson_interval",
     "to_json",
 ]

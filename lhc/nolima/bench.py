@@ -39,8 +39,8 @@ from lhc import bench, lm
 from lhc.nolima import world as world_lib
 from lhc.nolima.evaluate import PromptFormat, evaluate
 from lhc.nolima.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
-from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases
-from lhc.nolima.scores import plot, summary, table
+from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases, sample_cases
+from lhc.nolima.scores import interval_table, plot, summary, table
 
 
 def _depths(text: str) -> list[float]:
@@ -115,9 +115,7 @@ def _setup(args, tokenizer, world_config, longest: int):
                 lines, dropped = filter_lines(lines, keywords)
                 print(f"{path}: {dropped} lines naming a keyword dropped")
             haystacks.append(Haystack(lines, tokenizer, os.path.basename(path)))
-    cases = needle_cases(experiments, args.question_types)
-    if args.pairs:
-        cases = cases[: args.pairs]
+    cases = sample_cases(needle_cases(experiments, args.question_types), args.pairs, args.seed)
     return cases, haystacks
 
 
@@ -151,6 +149,7 @@ def sweep(args) -> dict[str, Any]:
     result = summary(records)
     result["seconds"] = time.perf_counter() - start
     print(table(result))
+    print("\naccuracy over tests [95% Wilson interval] (tests)\n" + interval_table(result))
     if args.plots:
         print("plots:", ", ".join(plot(records, args.plots, args.title)))
     return result
@@ -255,13 +254,17 @@ def _parser() -> argparse.ArgumentParser:
         help="e.g. onehop,twohop (default: all)",
     )
     p.add_argument("--variant", default="plain", choices=("plain", "mc", "distractor"))
-    p.add_argument("--pairs", type=int, default=0, help="only the first N pairs")
+    p.add_argument(
+        "--pairs", type=int, default=0, help="N pairs drawn at random with --seed (default: all)"
+    )
     p.add_argument("--haystacks", type=int, default=1, help="generated haystacks (--world)")
     p.add_argument("--decoy-rate", type=float, default=0.2, help="--world haystacks")
     p.add_argument("--lengths", type=bench.int_list, default="250,500,1000,2000,4000")
     p.add_argument("--depths", type=_depths, default="5", help="a count (evenly spaced) or a list")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=12)
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="tests per generate call (and per write)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=192, help="stops early at a stop token")
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--results", default=None, help="JSON lines (resumable)")
     p.add_argument("--plots", default=None, help="a directory for heat maps and curves")

@@ -25,6 +25,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lhc.lm.tokenizers import render_chat_template
@@ -204,7 +206,21 @@ def read_results(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-GenerateFn = Callable[[list[list[int]]], list[list[int]]]
+# ``generate_fn(prompts, shared) -> responses``: token lists in, each response's tokens
+# out; the first ``shared`` tokens are the same in every prompt (and often in the next
+# calls' prompts too).
+GenerateFn = Callable[[list[list[int]], int], list[list[int]]]
+
+
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """The length of the longest token prefix every prompt shares, short of the shortest
+    prompt (each keeps at least one token of its own)."""
+    shortest = min(len(p) for p in prompts)
+    first = prompts[0]
+    for index in range(shortest - 1):
+        if any(p[index] != first[index] for p in prompts[1:]):
+            return index
+    return max(shortest - 1, 0)
 
 
 def model_generate(
@@ -216,20 +232,51 @@ def model_generate(
     pad_id: int = 0,
     prefill_chunk: int = 512,
 ) -> GenerateFn:
-    """A batched greedy generation function of an ``lhc.lm`` protocol model: token lists
-    in, each response's tokens (up to and without the stop token) out."""
+    """A batched greedy generation function of an ``lhc.lm`` protocol model (responses
+    without their stop token).
+
+    The shared prefix of a call (cut to a compiled length of ``lm.bucket_length``, so
+    that it needs no padding) is prefilled once and kept: the next calls with the same
+    prefix start from a copy of its cache and prefill only their own tokens. In a
+    needle test the haystack up to the needle is the same for every needle at one
+    length and depth."""
     from lhc import lm
 
-    def run(prompts: list[list[int]]) -> list[list[int]]:
-        out = lm.generate(
-            model,
-            params,
-            prompts,
+    held: dict[str, Any] = {}
+
+    def prefix_cache(prefix: list[int], capacity: int):
+        key = (tuple(prefix), capacity)
+        if held.get("key") != key:
+            held.clear()
+            out = lm.generate(
+                model,
+                params,
+                [prefix],
+                max_new_tokens=1,
+                cache_len=capacity,
+                prefill_chunk=prefill_chunk,
+            )
+            held.update(key=key, cache=out.cache)
+        return held["cache"]
+
+    def run(prompts: list[list[int]], shared: int = 0) -> list[list[int]]:
+        while shared and lm.bucket_length(shared) != shared:
+            shared -= 1
+        kwargs = dict(
             max_new_tokens=max_new_tokens,
             stop_tokens=tuple(stop_tokens),
             pad_id=pad_id,
             prefill_chunk=prefill_chunk,
         )
+        if shared:
+            rest = [p[shared:] for p in prompts]
+            needed = shared + lm.bucket_length(max(map(len, rest))) + max_new_tokens
+            capacity = min(lm.bucket_length(needed), model.config.max_len)
+            cache = prefix_cache(list(prompts[0][:shared]), capacity)
+            cache = lm.repeat_rows(jax.tree.map(jnp.copy, cache), len(prompts))  # donated
+            out = lm.generate(model, params, rest, cache=cache, **kwargs)
+        else:
+            out = lm.generate(model, params, prompts, **kwargs)
         tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
         responses = []
         for row, n in zip(tokens, lengths):
@@ -253,8 +300,8 @@ def evaluate(
     depths: Sequence[float],
     variant: str = "plain",
     fmt: PromptFormat = PromptFormat(),
-    batch_size: int = 8,
-    max_new_tokens: int = 32,
+    batch_size: int = 1,
+    max_new_tokens: int = 192,
     stop_tokens: Sequence[int] | None = None,
     prefill_chunk: int = 512,
     results_path: str | os.PathLike | None = None,
@@ -270,12 +317,17 @@ def evaluate(
         haystacks: tokenized with ``tokenizer``.
         lengths, depths: context lengths in tokens, needle depths in [0, 1].
         variant: ``"plain"``, ``"mc"`` or ``"distractor"``.
-        batch_size: prompts per ``generate`` call (one length at a time).
-        max_new_tokens: response budget (the paper: 192).
+        batch_size: prompts per ``generate`` call (one length, haystack and depth at a
+            time); records are written after each call, so an interruption loses at
+            most one batch (one test at the default).
+        max_new_tokens: response budget (the paper: 192); generation stops early once
+            every response of a call has its stop token.
         stop_tokens: default: the tokenizer's eos.
         results_path: JSON lines, appended after each batch; tests already there are
             skipped, so an interrupted sweep restarted with the same arguments resumes.
-        generate_fn: token lists -> response token lists (default: greedy ``lm.generate``).
+        generate_fn: ``(token lists, shared prefix length) -> response token lists``
+            (default: greedy ``lm.generate`` through ``model_generate``, which prefills
+            a shared haystack prefix once).
 
     Returns:
         One record per test: key, pair, question type, variant, length, haystack, depth,
@@ -301,41 +353,52 @@ def evaluate(
     if results_path:
         os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
     new = {}
-    # Batches never mix lengths (prompts of one length pad to about the same width).
-    batches = []
-    for length in dict.fromkeys(t.length for t in pending):
-        same = [t for t in pending if t.length == length]
-        batches += [same[i : i + batch_size] for i in range(0, len(same), batch_size)]
+    # Tests of one length, haystack and depth share the haystack up to the needle: they
+    # run one after another (one prefix for all of them), in batches of batch_size.
+    groups: dict[tuple, list[Test]] = {}
+    for t in pending:
+        groups.setdefault((t.length, t.haystack, t.depth), []).append(t)
     finished = 0
-    for batch in batches:
-        built = [build(t, haystacks[t.haystack], tokenizer, fmt) for t in batch]
-        responses = generate_fn([b["tokens"] for b in built])
-        lines = []
-        for test, b, response in zip(batch, built, responses):
-            text = tokenizer.decode(response)
-            new[test.key] = record = {
-                "key": test.key,
-                "pair": test.case.pair,
-                "experiment": test.case.experiment_id,
-                "test": test.case.test_id,
-                "question_type": test.case.question_type,
-                "variant": test.variant,
-                "length": test.length,
-                "haystack": haystacks[test.haystack].name,
-                "depth": test.depth,
-                "name": b["name"],
-                "answers": b["answers"],
-                "response": text,
-                "correct": contains(text, b["answers"]),
-                "prompt_tokens": len(b["tokens"]),
-                "needle_start": b["needle_start"],
-                "distractor_depth": b["distractor_depth"],
-            }
-            lines.append(json.dumps(record))
-        if results_path:
-            with open(results_path, "a", encoding="utf-8") as handle:
-                handle.write("\n".join(lines) + "\n")
-        finished += len(batch)
-        if log:
-            log(f"{finished}/{len(pending)} tests (length {batch[0].length})")
+    for group in groups.values():
+        built_group = [build(t, haystacks[t.haystack], tokenizer, fmt) for t in group]
+        shared = common_prefix([b["tokens"] for b in built_group])
+        for start in range(0, len(group), batch_size):
+            batch = group[start : start + batch_size]
+            built = built_group[start : start + batch_size]
+            responses = generate_fn([b["tokens"] for b in built], shared)
+            finished += len(batch)
+            _write(batch, built, responses, tokenizer, haystacks, new, results_path)
+            if log:
+                log(f"{finished}/{len(pending)} tests (length {batch[0].length})")
     return [done[t.key] if t.key in done else new[t.key] for t in tests]
+
+
+def _write(batch, built, responses, tokenizer, haystacks, new, results_path) -> None:
+    """The batch's records into ``new``, appended to ``results_path`` (flushed to disk)."""
+    lines = []
+    for test, b, response in zip(batch, built, responses):
+        text = tokenizer.decode(response)
+        new[test.key] = record = {
+            "key": test.key,
+            "pair": test.case.pair,
+            "experiment": test.case.experiment_id,
+            "test": test.case.test_id,
+            "question_type": test.case.question_type,
+            "variant": test.variant,
+            "length": test.length,
+            "haystack": haystacks[test.haystack].name,
+            "depth": test.depth,
+            "name": b["name"],
+            "answers": b["answers"],
+            "response": text,
+            "correct": contains(text, b["answers"]),
+            "prompt_tokens": len(b["tokens"]),
+            "needle_start": b["needle_start"],
+            "distractor_depth": b["distractor_depth"],
+        }
+        lines.append(json.dumps(record))
+    if results_path:
+        with open(results_path, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())

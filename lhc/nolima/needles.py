@@ -34,6 +34,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 SLOT = re.compile(r"\{(\d+)\}")
 WORD = re.compile(r"[a-z0-9]+")
 LHC_NEEDLE_SET = os.path.join(os.path.dirname(__file__), "lhc_needle_set.json")
@@ -281,6 +283,17 @@ def needle_cases(
                     )
                 )
     return cases
+
+
+def sample_cases(cases: Sequence[NeedleCase], count: int, seed: int) -> list[NeedleCase]:
+    """``count`` of ``cases`` drawn without replacement with ``seed``, in their order
+    (all of them when ``count`` is 0 or at least their number)."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    if count == 0 or count >= len(cases):
+        return list(cases)
+    chosen = np.random.default_rng(seed).choice(len(cases), count, replace=False)
+    return [cases[i] for i in sorted(chosen)]
 
 
 def words(text: str) -> list[str]:

@@ -32,6 +32,17 @@ def contains(response: str, answers: Sequence[str]) -> bool:
     return any(answer in response for answer in answers)
 
 
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% at ``z=1.96``); (0, 1)
+    without trials."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 def pair_scores(records: Iterable[Mapping]) -> dict[str, dict[int, float]]:
     """``{pair: {length: accuracy}}`` (averaged over haystacks and depths)."""
     sums: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -97,7 +108,12 @@ def summary(
     def block(rows):
         pairs = pair_scores(rows)
         by_length = length_scores(pairs)
-        out = {"tests": len(rows), "pairs": len(pairs), "by_length": by_length}
+        out = {
+            "tests": len(rows),
+            "pairs": len(pairs),
+            "by_length": by_length,
+            "intervals": _intervals(rows),
+        }
         if any(n in by_length for n in base_lengths):
             base = base_score(pairs, base_lengths)
             out.update(
@@ -114,6 +130,10 @@ def summary(
     result["by_question_type"] = {
         k: block([r for r in records if r["question_type"] == k]) for k in kinds
     }
+    literal = [r for r in records if r["question_type"] in LITERAL]
+    latent = [r for r in records if r["question_type"] not in LITERAL]
+    if literal and latent:
+        result["literal_latent"] = {"literal": block(literal), "latent": block(latent)}
     grid: dict[tuple[int, float], list[float]] = defaultdict(list)
     for r in records:
         grid[int(r["length"]), float(r["depth"])].append(float(r["correct"]))
@@ -121,6 +141,51 @@ def summary(
         f"{n}/{d:g}": float(np.mean(v)) for (n, d), v in sorted(grid.items())
     }
     return result
+
+
+# Question types whose question names the needle's own words (the rest need a latent hop).
+LITERAL = ("direct",)
+
+
+def _intervals(rows: Sequence[Mapping]) -> dict[int, dict[str, float]]:
+    """Per length: tests, accuracy over them and its 95% Wilson interval (tests taken as
+    independent draws, which tests of one pair at several depths are not quite)."""
+    by_length: dict[int, list[bool]] = defaultdict(list)
+    for r in rows:
+        by_length[int(r["length"])].append(bool(r["correct"]))
+    out = {}
+    for length, values in sorted(by_length.items()):
+        low, high = wilson_interval(sum(values), len(values))
+        out[length] = {
+            "tests": len(values),
+            "accuracy": sum(values) / len(values),
+            "low": low,
+            "high": high,
+        }
+    return out
+
+
+def interval_table(result: Mapping) -> str:
+    """A markdown table: accuracy over tests per length with its 95% interval and the
+    number of tests, literal against latent questions, then per question type."""
+    blocks = list((result.get("literal_latent") or {}).items())
+    blocks += list(result["by_question_type"].items())
+    lengths = sorted({n for _, b in blocks for n in b["intervals"]})
+    rows = [
+        "| questions | " + " | ".join(map(str, lengths)) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for name, b in blocks:
+        cells = []
+        for n in lengths:
+            cell = b["intervals"].get(n)
+            cells.append(
+                ""
+                if cell is None
+                else f"{cell['accuracy']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}] ({cell['tests']})"
+            )
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def table(result: Mapping) -> str:
@@ -157,7 +222,8 @@ def grid(records: Sequence[Mapping], question_type: str | None = None):
 
 
 def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> list[str]:
-    """Writes ``heatmap_<type>.png`` (accuracy by depth and length, per question type)
+    """Writes ``heatmap_<type>.png`` (accuracy by depth and length, per question type),
+    ``depths.png`` (accuracy against depth per question type, averaged over lengths)
     and ``curves.png`` (score against length per question type, with 85% of each base)
     into ``directory``; returns the paths."""
     os.makedirs(directory, exist_ok=True)
@@ -175,6 +241,22 @@ def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> l
         if "base" in block:
             reference = plots.Reference(0.85 * block["base"], color=f"C{index}", linestyle=":")
             references.append(reference)
+    depth_lines = {}
+    for kind in result["by_question_type"]:
+        lengths, depths, accuracy = grid(records, kind)
+        depth_lines[kind] = (depths, np.nanmean(accuracy, axis=0).tolist())
+    path = os.path.join(directory, "depths.png")
+    plots.curves(
+        path,
+        depth_lines,
+        xlabel="needle depth",
+        ylabel="accuracy (mean over lengths)",
+        title=f"{title}: by depth",
+        y_limits=(-0.02, 1.02),
+        marker="o",
+        figsize=(5.5, 3.5),
+    )
+    paths.append(path)
     path = os.path.join(directory, "curves.png")
     plots.curves(
         path,

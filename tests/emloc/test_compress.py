@@ -10,6 +10,7 @@ from scipy.special import log_softmax
 
 from lhc import emloc, lm
 from lhc.emloc import EMLoCConfig, Example
+from lhc.emloc.compress import _prefill, _student, _teacher
 
 from ..support import forward, random_params
 
@@ -199,6 +200,20 @@ def test_memory_accounting(params):
             d = next(d for d in compression.decisions if d.chunk == chunk and d.layer == layer)
             expected.append(np.sort(d.tokens, axis=-1) + offset)
         np.testing.assert_array_equal(held, np.concatenate(expected, axis=1))
+
+
+def test_chunks_of_one_shape_share_one_compiled_program_each(params):
+    # The layer index is traced and the memory has room for the whole context from the
+    # start: every chunk and every layer runs the same three programs.
+    programs = (_prefill, _teacher, _student)
+    for program in programs:
+        program.clear_cache()
+    compression = emloc.compress(
+        MODEL, params, _examples(6, seed=7), EMLoCConfig(chunk_size=2, delta=0.05)
+    )
+    assert len({d.chunk for d in compression.decisions}) == 3
+    assert sum(len(d.tried) for d in compression.decisions) > CONFIG.num_layers
+    assert [program._cache_size() for program in programs] == [1, 1, 1]
 
 
 def test_bad_settings_and_inputs_are_refused(params):

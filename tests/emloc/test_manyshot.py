@@ -119,11 +119,12 @@ def test_bench_table_on_a_random_image_model(capsys):
     )
     make = bench._generated_episodes(model, params["params"], task, shots=8, queries=3)
     lm_model, lm_params = lm.Transformer(config), params["params"]["lm"]
-    result = bench.evaluate(lm_model, lm_params, make, "image", args)
+    result = bench.evaluate(lm_model, lm_params, {"image": make}, "image", args)
     out = capsys.readouterr().out
-    assert "| method | delta | accuracy | kept | memory (KiB) | compression (s) |\n" in out
-    assert "\n|---|---:|---:|---:|---:|---:|\n| full context | — | " in out
-    assert "\n| EMLoC | 0.01 | " in out
+    head = "| task | method | delta | accuracy | kept | memory (KiB) | compression (s) |"
+    assert head + " compiling (s) |\n" in out
+    assert "\n|---|---|---:|---:|---:|---:|---:|---:|\n| image | full context | — | " in out
+    assert "\n| image | EMLoC | 0.01 | " in out
     methods = {(t["method"], t["delta"]) for t in result["table"]}
     assert methods == {("full context", None)} | {
         (m, 0.01) for m in ("EMLoC", "uniform", "SnapKV-style", "fewer shots")

@@ -2,6 +2,7 @@
 keys held per key/value head."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +25,10 @@ def _prefilled(model, params, tokens):
     return model.apply({"params": params}, tokens, positions, cache)
 
 
+@pytest.mark.parametrize("traced", [False, True])
 @pytest.mark.parametrize("with_cache", [False, True])
 @pytest.mark.parametrize("start", [1, 2])
-def test_a_pass_from_a_middle_layer_equals_the_full_pass(with_cache, start):
+def test_a_pass_from_a_middle_layer_equals_the_full_pass(with_cache, start, traced):
     model, params = lm.Transformer(CONFIG), random_params(CONFIG, norms=0.2)
     rng = np.random.default_rng(1)
     prefix = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (2, 5)), jnp.int32)
@@ -37,10 +39,44 @@ def test_a_pass_from_a_middle_layer_equals_the_full_pass(with_cache, start):
         {"params": params}, tokens, positions, cache, mutable=["intermediates"]
     )
     entering = state["intermediates"][f"layers_{start}"]["layer_input"][0]
-    part, _ = model.apply(
-        {"params": params}, None, positions, cache, embeddings=entering, start_layer=start
-    )
+    if traced:  # one program for every start: layers below it skipped at run time
+        part = _from_layer(model, params, positions, cache, entering, jnp.int32(start))
+    else:
+        part, _ = model.apply(
+            {"params": params}, None, positions, cache, embeddings=entering, start_layer=start
+        )
     np.testing.assert_allclose(part, full, rtol=1e-5, atol=1e-5)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _from_layer(model, params, positions, cache, entering, start):
+    return model.apply(
+        {"params": params}, None, positions, cache, embeddings=entering, start_layer=start
+    )[0]
+
+
+def test_logits_at_chosen_columns_equal_those_of_every_column():
+    model, params = lm.Transformer(CONFIG), random_params(CONFIG, norms=0.2)
+    rng = np.random.default_rng(4)
+    tokens = jnp.asarray(rng.integers(0, CONFIG.vocab_size, (2, 6)), jnp.int32)
+    cache = _prefilled(model, params, tokens[:, :2])[1]
+    positions = jnp.broadcast_to(jnp.arange(2, 6, dtype=jnp.int32), (2, 4))
+    columns = jnp.asarray([[3, 0, 1], [2, 2, 0]], jnp.int32)
+    full, _ = model.apply({"params": params}, tokens[:, 2:], positions, cache)
+    chosen, _ = model.apply({"params": params}, tokens[:, 2:], positions, cache, logits_at=columns)
+    assert chosen.shape == (2, 3, CONFIG.vocab_size)
+    for b in range(2):
+        np.testing.assert_allclose(chosen[b], full[b, columns[b]], rtol=1e-6, atol=1e-6)
+
+
+def test_a_traced_start_layer_compiles_once_for_every_start():
+    model, params = lm.Transformer(CONFIG), random_params(CONFIG, norms=0.2)
+    positions = jnp.arange(4, dtype=jnp.int32)[None]
+    hidden = jnp.ones((1, 4, CONFIG.embed_dim))
+    _from_layer.clear_cache()
+    for start in range(CONFIG.num_layers):
+        _from_layer(model, params, positions, None, hidden, jnp.int32(start))
+    assert _from_layer._cache_size() == 1
 
 
 def test_probed_attention_probabilities_match_a_numpy_reference():
@@ -128,10 +164,24 @@ def test_bad_start_layer_and_probe_are_refused():
         apply(None, positions, embeddings=hidden, start_layer=3)
     with pytest.raises(ValueError, match="tokens=None"):
         apply(tokens, positions, start_layer=1)
+    with pytest.raises(ValueError, match="int scalar array"):
+        apply(None, positions, embeddings=hidden, start_layer=jnp.ones(2, jnp.int32))
+    with pytest.raises(ValueError, match="sows nothing"):
+        apply(
+            None,
+            positions,
+            embeddings=hidden,
+            start_layer=jnp.int32(1),
+            mutable=["intermediates"],
+        )
     with pytest.raises(ValueError, match="probe indices"):
         apply(tokens, positions, probe=jnp.asarray([[3]]))
     with pytest.raises(ValueError, match="probe must be int"):
         apply(tokens, positions, probe=jnp.asarray([3]))
+    with pytest.raises(ValueError, match="logits_at indices"):
+        apply(tokens, positions, logits_at=jnp.asarray([[3]]))
+    with pytest.raises(ValueError, match="last_only or logits_at"):
+        apply(tokens, positions, logits_at=jnp.asarray([[2]]), last_only=True)
     scanned = dataclasses.replace(CONFIG, scan_layers=True)
     with pytest.raises(ValueError, match="scan_layers=False"):
         lm.Transformer(scanned).apply(

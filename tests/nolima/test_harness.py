@@ -281,7 +281,8 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
     cases = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop", "twohop"))[:3]
     calls = []
 
-    def answer(prompts, fail_after=None):
+    def answer(prompts, shared, fail_after=None):
+        assert shared == nolima.common_prefix(prompts) or len(prompts) == 1
         if fail_after is not None and len(calls) >= fail_after:
             raise KeyboardInterrupt
         calls.append(len(prompts))
@@ -303,21 +304,80 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
             cases,
             haystacks,
             results_path=path,
-            generate_fn=lambda p: answer(p, fail_after=3),
+            generate_fn=lambda p, shared: answer(p, shared, fail_after=3),
             **kwargs,
         )
-    assert len(nolima.read_results(path)) == 12
+    # Batches hold one length, haystack and depth: three calls of the three cases.
+    assert len(nolima.read_results(path)) == 9
     with open(path, "a") as handle:
         handle.write('{"key": "plain/250/0/0101/T0')  # a write cut short
     calls.clear()
     resumed = nolima.evaluate(
         None, None, tokenizer, cases, haystacks, results_path=path, generate_fn=answer, **kwargs
     )
-    assert sum(calls) == 36 - 12
+    assert sum(calls) == 36 - 9
     fresh = nolima.evaluate(None, None, tokenizer, cases, haystacks, generate_fn=answer, **kwargs)
     assert resumed == fresh and len(nolima.read_results(path)) == 36
     assert {r["correct"] for r in fresh} == {True, False}
     assert all(r["correct"] == (r["depth"] < 1.0) for r in fresh if r["length"] == 500)
+
+
+def test_a_stop_mid_sweep_loses_no_written_test(tmp_path):
+    # One test per call (the default): everything answered before the stop is on disk,
+    # and the resumed sweep runs exactly the rest.
+    tokenizer = lm.ByteTokenizer()
+    haystack = nolima.Haystack(lines(200, 3), tokenizer)
+    cases = nolima.needle_cases(nolima.lhc_needle_set(), ("direct",))[:3]
+    asked = []
+
+    def answer(prompts, shared, stop_at=None):
+        if stop_at is not None and len(asked) == stop_at:
+            raise KeyboardInterrupt
+        asked.append(tokenizer.decode(prompts[0]))
+        return [tokenizer.encode(f"answer {len(prompts[0])}")]
+
+    kwargs = dict(lengths=(250, 300), depths=(0.0, 0.5))
+    path = tmp_path / "results.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        nolima.evaluate(
+            None,
+            None,
+            tokenizer,
+            cases,
+            [haystack],
+            results_path=path,
+            generate_fn=lambda p, s: answer(p, s, stop_at=5),
+            **kwargs,
+        )
+    written = nolima.read_results(path)
+    assert len(written) == 5
+    before = list(asked)
+    asked.clear()
+    resumed = nolima.evaluate(
+        None, None, tokenizer, cases, [haystack], results_path=path, generate_fn=answer, **kwargs
+    )
+    assert len(asked) == 12 - 5 and not set(asked) & set(before)
+    fresh = nolima.evaluate(None, None, tokenizer, cases, [haystack], generate_fn=answer, **kwargs)
+    assert resumed == fresh
+
+
+def test_pairs_are_sampled_reproducibly_with_a_seed():
+    cases = nolima.needle_cases(nolima.lhc_needle_set())
+    drawn = nolima.sample_cases(cases, 12, seed=3)
+    assert drawn == nolima.sample_cases(cases, 12, seed=3)
+    assert drawn != nolima.sample_cases(cases, 12, seed=4)
+    assert len({c.pair for c in drawn}) == 12
+    order = [cases.index(c) for c in drawn]
+    assert order == sorted(order) and order != list(range(12))
+    assert nolima.sample_cases(cases, 0, seed=3) == cases == nolima.sample_cases(cases, 999, 3)
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        nolima.sample_cases(cases, -1, seed=0)
+
+
+def test_common_prefix_of_token_lists():
+    assert nolima.common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert nolima.common_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # one token left each
+    assert nolima.common_prefix([[7, 1], [8, 1]]) == 0
 
 
 def test_evaluate_runs_a_protocol_model_batched():
@@ -347,6 +407,31 @@ def test_evaluate_runs_a_protocol_model_batched():
             == len(prompt)
             == 250 + len(tokenizer.encode(f"Q: {test.case.question}\nA:")) + 1
         )
-        assert record["response"] == tokenizer.decode(one([prompt])[0])  # batched == alone
+        # Batched, from a shared haystack prefix == alone from scratch.
+        assert record["response"] == tokenizer.decode(one([prompt], 0)[0])
     with pytest.raises(ValueError, match="variant must be one of"):
         nolima.make_tests(cases, 1, (250,), (0.5,), variant="hard")
+
+
+def test_wilson_intervals_match_scipy_and_split_literal_from_latent():
+    from scipy.stats import binomtest
+
+    for k, n in ((0, 5), (3, 10), (17, 20), (40, 40)):
+        want = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+        got = nolima.wilson_interval(k, n)
+        np.testing.assert_allclose(got, (want.low, want.high), atol=2e-4)
+    scores = {
+        "0101/T01/direct": {250: 1.0, 1000: 0.75},
+        "0101/T01/onehop": {250: 0.5, 1000: 0.25},
+        "0101/T02/twohop": {250: 0.25, 1000: 0.0},
+    }
+    result = nolima.summary(_records(scores))
+    literal, latent = result["literal_latent"]["literal"], result["literal_latent"]["latent"]
+    assert (
+        literal["intervals"][1000]["tests"] == 4 and literal["intervals"][1000]["accuracy"] == 0.75
+    )
+    assert latent["intervals"][250]["tests"] == 8 and latent["intervals"][250]["accuracy"] == 0.375
+    low, high = nolima.wilson_interval(3, 8)
+    assert latent["intervals"][250]["low"] == pytest.approx(low)
+    assert latent["intervals"][250]["high"] == pytest.approx(high)
+    assert "| latent | 0.38 [" in nolima.interval_table(result)
