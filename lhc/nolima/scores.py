@@ -245,30 +245,30 @@ def plot(records: Sequence[Mapping], directory: str, title: str = "NoLiMa") -> l
     for kind in result["by_question_type"]:
         lengths, depths, accuracy = grid(records, kind)
         depth_lines[kind] = (depths, np.nanmean(accuracy, axis=0).tolist())
-    path = os.path.join(directory, "depths.png")
-    plots.curves(
-        path,
-        depth_lines,
-        xlabel="needle depth",
-        ylabel="accuracy (mean over lengths)",
-        title=f"{title}: by depth",
-        y_limits=(-0.02, 1.02),
-        marker="o",
-        figsize=(5.5, 3.5),
-    )
-    paths.append(path)
-    path = os.path.join(directory, "curves.png")
-    plots.curves(
-        path,
-        lines,
-        xlabel="context length (tokens)",
-        ylabel="accuracy",
-        title=f"{title} (dotted: 85% of base)",
-        references=references,
-        log_x_base=2,
-        y_limits=(-0.02, 1.02),
-        marker="o",
-        figsize=(5.5, 3.5),
-    )
-    paths.append(path)
+    accuracy_axes = dict(y_limits=(-0.02, 1.02), marker="o", figsize=(5.5, 3.5))
+    for name, curve_lines, axes in (
+        (
+            "depths.png",
+            depth_lines,
+            dict(
+                xlabel="needle depth",
+                ylabel="accuracy (mean over lengths)",
+                title=f"{title}: by depth",
+            ),
+        ),
+        (
+            "curves.png",
+            lines,
+            dict(
+                xlabel="context length (tokens)",
+                ylabel="accuracy",
+                title=f"{title} (dotted: 85% of base)",
+                references=references,
+                log_x_base=2,
+            ),
+        ),
+    ):
+        path = os.path.join(directory, name)
+        plots.curves(path, curve_lines, **axes, **accuracy_axes)
+        paths.append(path)
     return paths

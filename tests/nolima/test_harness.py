@@ -1,6 +1,7 @@
 """lhc.nolima: needle sets, haystacks and placement, prompts, scoring, resumable runs."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -435,3 +436,16 @@ def test_wilson_intervals_match_scipy_and_split_literal_from_latent():
     assert latent["intervals"][250]["low"] == pytest.approx(low)
     assert latent["intervals"][250]["high"] == pytest.approx(high)
     assert "| latent | 0.38 [" in nolima.interval_table(result)
+
+
+def test_plots_write_heat_maps_a_depth_curve_and_length_curves(tmp_path):
+    scores = {"0101/T01/direct": {250: 1.0, 1000: 0.5}, "0101/T01/onehop": {250: 0.5, 1000: 0.0}}
+    paths = nolima.plot(_records(scores), str(tmp_path))
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["curves.png", "depths.png", "heatmap_direct.png", "heatmap_onehop.png"]
+    for path in paths:
+        with open(path, "rb") as handle:
+            assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
+    lengths, depths, accuracy = nolima.scores.grid(_records(scores), "direct")
+    assert lengths == [250, 1000] and accuracy.shape == (2, 4)
+    np.testing.assert_array_equal(accuracy, [[1, 1, 1, 1], [1, 1, 0, 0]])
