@@ -45,7 +45,7 @@ from lhc.emloc.memory import LayerwiseMemory, append_kept, capacity_slots, empty
 # Rows are padded to a multiple of ROW_BUCKET tokens, a chunk's prefill to a multiple of
 # CHUNK_BUCKET: one compiled program for rows and chunks of similar lengths.
 ROW_BUCKET = 16
-CHUNK_BUCKET = 128
+CHUNK_BUCKET = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,31 +173,57 @@ def _used(example: Example) -> int:
     return int(predicting[-1]) + 1 if predicting.size else len(example)
 
 
-def _rows(examples: Sequence[Example], embed_dim: int, first_position: int, probe: bool = True):
-    """The examples as rows right-padded to a multiple of ``ROW_BUCKET``, and the queries
-    predicting their answers. With ``probe``, each row ends at its last query (what
-    follows cannot change what the queries see)."""
-    used = [_used(e) if probe else len(e) for e in examples]
-    width = ROW_BUCKET * math.ceil(max(used) / ROW_BUCKET)
+def _rows(examples: Sequence[Example], embed_dim: int, first_position: int):
+    """The examples as rows right-padded to a multiple of ``ROW_BUCKET`` tokens, each
+    starting at ``first_position``: tokens, positions, embeddings, embedding mask."""
+    width = ROW_BUCKET * math.ceil(max(len(e) for e in examples) / ROW_BUCKET)
     rows = len(examples)
     tokens = np.zeros((rows, width), np.int32)
     positions = np.full((rows, width), -1, np.int32)
     embeddings = np.zeros((rows, width, embed_dim), np.float32)
     embedded = np.zeros((rows, width), bool)
-    predicting = []
+    for r, e in enumerate(examples):
+        t, _, emb, mask = join_examples([e], embed_dim)
+        tokens[r, : len(e)], embeddings[r, : len(e)], embedded[r, : len(e)] = t, emb, mask
+        positions[r, : len(e)] = first_position + np.arange(len(e))
+    return tokens, positions, embeddings, embedded
+
+
+def _packed(examples: Sequence[Example], embed_dim: int, first_position: int):
+    """The examples re-fed after a chunk, packed into one row: each cut at its last
+    query (what follows cannot change what the queries see), each at positions from
+    ``first_position``, one segment id per example, the row right-padded to a multiple
+    of ``ROW_BUCKET``. Returns ``[1, T]`` tokens, positions, ``[1, T, D]`` embeddings,
+    embedding mask, segment ids, and ``[1, Q]`` the queries predicting answer tokens
+    and which of them are real."""
+    used = [_used(e) for e in examples]
+    width = ROW_BUCKET * math.ceil(sum(used) / ROW_BUCKET)
+    tokens = np.zeros((1, width), np.int32)
+    positions = np.full((1, width), -1, np.int32)
+    embeddings = np.zeros((1, width, embed_dim), np.float32)
+    embedded = np.zeros((1, width), bool)
+    segments = np.full((1, width), -1, np.int32)
+    queries, begin = [], 0
     for r, (e, n) in enumerate(zip(examples, used)):
         t, _, emb, mask = join_examples([e], embed_dim)
-        tokens[r, :n], embeddings[r, :n], embedded[r, :n] = t[:n], emb[:n], mask[:n]
-        positions[r, :n] = first_position + np.arange(n)
-        predicting.append(np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
-    queries = max(1, max(len(p) for p in predicting))
-    picked = np.zeros((rows, queries), np.int32)
-    valid = np.zeros((rows, queries), bool)
-    for r, p in enumerate(predicting):
-        picked[r, : len(p)], valid[r, : len(p)] = p, True
-    if probe and not valid.any():
+        span = slice(begin, begin + n)
+        tokens[0, span], embeddings[0, span], embedded[0, span] = t[:n], emb[:n], mask[:n]
+        positions[0, span] = first_position + np.arange(n)
+        segments[0, span] = r
+        queries.append(begin + np.flatnonzero(np.asarray(e.answer)[1:]))  # t predicts t + 1
+        begin += n
+    queries = np.concatenate(queries)
+    if not queries.size:
         raise ValueError("no example of the chunk has an answer token after its first token")
-    return tokens, positions, embeddings, embedded, picked, valid
+    return (
+        tokens,
+        positions,
+        embeddings,
+        embedded,
+        segments,
+        queries[None].astype(np.int32),
+        np.ones((1, queries.size), bool),
+    )
 
 
 # The model calls --------------------------------------------------------------------------
@@ -214,6 +240,15 @@ def _apply(model, params, memory, tokens, positions, embeddings, embedded, **kwa
         embedding_mask=embedded,
         **kwargs,
     )
+
+
+def js_divergence(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+    """Jensen-Shannon divergence (natural log) of distributions given as log
+    probabilities over the last axis, in float32."""
+    log_p, log_q = log_p.astype(jnp.float32), log_q.astype(jnp.float32)
+    log_m = jnp.logaddexp(log_p, log_q) - jnp.log(2.0)
+    kl = lambda a: jnp.sum(jnp.where(a > -jnp.inf, jnp.exp(a) * (a - log_m), 0.0), axis=-1)
+    return 0.5 * (kl(log_p) + kl(log_q))
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -246,9 +281,10 @@ def _teacher(model, params, memory, tokens, positions, embeddings, embedded, pro
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def _student(model, params, memory, positions, hidden, probe, start):
-    """The answer distributions of the rows run again from layer ``start`` (traced:
-    one program for every layer)."""
+def _student(model, params, memory, positions, hidden, probe, start, teacher, valid):
+    """The mean JS divergence to ``teacher`` of the answer distributions of the rows run
+    again from layer ``start`` (traced: one program for every layer), over the
+    ``valid`` queries."""
     logits, _ = model.apply(
         {"params": params},
         None,
@@ -258,16 +294,8 @@ def _student(model, params, memory, positions, hidden, probe, start):
         start_layer=start,
         logits_at=probe,
     )
-    return jax.nn.log_softmax(logits, axis=-1)
-
-
-def js_divergence(log_p: jax.Array, log_q: jax.Array) -> jax.Array:
-    """Jensen-Shannon divergence (natural log) of distributions given as log
-    probabilities over the last axis, in float32."""
-    log_p, log_q = log_p.astype(jnp.float32), log_q.astype(jnp.float32)
-    log_m = jnp.logaddexp(log_p, log_q) - jnp.log(2.0)
-    kl = lambda a: jnp.sum(jnp.where(a > -jnp.inf, jnp.exp(a) * (a - log_m), 0.0), axis=-1)
-    return 0.5 * (kl(log_p) + kl(log_q))
+    js = js_divergence(teacher, jax.nn.log_softmax(logits, axis=-1))
+    return jnp.sum(jnp.where(valid, js, 0.0)) / jnp.sum(valid)
 
 
 def importance(
@@ -371,14 +399,7 @@ def compress(
         )
     began = time.perf_counter()
     context = sum(len(e) for e in examples)
-    # Every layer gets room for the whole context at once: the programs compiled for the
-    # first chunk serve every chunk.
-    if memory is None:
-        memory = empty_memory(cfg, slots=capacity_slots(context))
-    else:
-        held = max(memory.sizes())
-        most = max(p.shape[-1] for p in memory.positions)
-        memory = memory.padded(max(most, capacity_slots(held + context)))
+    memory = empty_memory(cfg) if memory is None else memory
     decisions = []
     chunks = [
         examples[i : i + config.chunk_size] for i in range(0, len(examples), config.chunk_size)
@@ -393,6 +414,11 @@ def _compress_chunk(model, params, memory, chunk, config, index):
     cfg = model.config
     tokens, answer, embeddings, embedded = join_examples(chunk, cfg.embed_dim)
     length = tokens.size
+    # Every layer gets the same slots, grown in coarse steps (``capacity_slots``) to
+    # hold what is kept and this chunk: chunks of similar lengths run the same programs,
+    # and attention reads about as many slots as are held.
+    slots = capacity_slots(int(memory.sizes().max()) + length)
+    memory = memory.padded(max(slots, *(p.shape[-1] for p in memory.positions)))
     first = int(np.asarray(memory.next_positions())[0])
     last = first + length + max(len(e) for e in chunk)
     if last > cfg.max_len:
@@ -423,11 +449,13 @@ def _compress_chunk(model, params, memory, chunk, config, index):
     )
     offsets = [int(np.sum(np.asarray(p)[0, 0] >= 0)) for p in memory.positions]
 
-    rows, row_positions, row_embeddings, row_embedded, probe, valid = _rows(
+    # The chunk's examples are fed again after it, packed in one row (each reads the
+    # memory and itself only, as if alone).
+    rows, row_positions, row_embeddings, row_embedded, segments, probe, valid = _packed(
         chunk, cfg.embed_dim, first + length
     )
     width = rows.shape[1]
-    batch = combined.broadcast(len(chunk)).with_tail(cfg, width)
+    batch = combined.with_tail(cfg, width).packed(segments)
     probe_j, valid_j = jnp.asarray(probe), jnp.asarray(valid)
     teacher, inputs, probs = _teacher(
         model,
@@ -441,17 +469,19 @@ def _compress_chunk(model, params, memory, chunk, config, index):
     )
 
     def mean_js(candidate, layer):
-        student = _student(
-            model,
-            params,
-            candidate,
-            jnp.asarray(row_positions),
-            inputs[layer],
-            probe_j,
-            jnp.int32(layer),
+        return float(
+            _student(
+                model,
+                params,
+                candidate,
+                jnp.asarray(row_positions),
+                inputs[layer],
+                probe_j,
+                jnp.int32(layer),
+                teacher,
+                valid_j,
+            )
         )
-        js = js_divergence(teacher, student)
-        return float(jnp.sum(jnp.where(valid_j, js, 0.0)) / jnp.sum(valid_j))
 
     decisions, kept = [], {}
     for layer in reversed(range(cfg.num_layers)):
@@ -521,9 +551,7 @@ def next_token_logits(
         raise ValueError("next_token_logits: no queries")
     cfg = model.config
     start = int(np.asarray(memory.next_positions())[0])
-    tokens, positions, embeddings, embedded, _, _ = _rows(
-        queries, cfg.embed_dim, start, probe=False
-    )
+    tokens, positions, embeddings, embedded = _rows(queries, cfg.embed_dim, start)
     last = np.array([len(q) - 1 for q in queries], np.int32)
     # Every layer padded to one capacity: one program for memories of similar sizes.
     slots = capacity_slots(max(p.shape[-1] for p in memory.positions))

@@ -41,6 +41,7 @@ class _MemoryWriter:
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     positions: tuple[jax.Array, ...]
+    segment_ids: jax.Array | None  # int32 [B, T] of this call's tokens, or None
 
     def read(self, layers, layer, keys, values) -> KVView:
         view = self.tail.read(layers, layer, keys, values)
@@ -57,6 +58,11 @@ class _MemoryWriter:
             new_keys=view.new_keys,
             new_values=view.new_values,
             new_positions=view.new_positions,
+            new_mask=(
+                None
+                if self.segment_ids is None
+                else self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
+            ),
         )
 
     def write(self, layers, layer, keys, values, *, after):
@@ -75,6 +81,9 @@ class LayerwiseMemory:
         start: int32 ``[B]``: the position after the compressed context (positions of
             appended tokens continue from it, whatever was pruned).
         tail: a ``KVCache`` (tuple layout) of the tokens appended since.
+        segment_ids: ``None``, or int32 ``[B, T]`` for a call of ``T`` tokens that packs
+            several sequences in a row (``packed``): a token sees the memory, the tail
+            held before the call, and the call's tokens of its own segment.
     """
 
     keys: tuple[jax.Array, ...]
@@ -82,6 +91,7 @@ class LayerwiseMemory:
     positions: tuple[jax.Array, ...]
     start: jax.Array
     tail: KVCache
+    segment_ids: jax.Array | None = None
 
     # The cache protocol -------------------------------------------------------------
 
@@ -122,8 +132,14 @@ class LayerwiseMemory:
         )
 
     def begin_update(self, positions: jax.Array):
+        if self.segment_ids is not None and self.segment_ids.shape != positions.shape:
+            raise ValueError(
+                f"LayerwiseMemory.segment_ids has shape {self.segment_ids.shape}, the call's "
+                f"positions {positions.shape}"
+            )
         writer, layers = self.tail.begin_update(positions)
-        return _MemoryWriter(writer, self.keys, self.values, self.positions), layers
+        memory = _MemoryWriter(writer, self.keys, self.values, self.positions, self.segment_ids)
+        return memory, layers
 
     def finish_update(self, writer: _MemoryWriter, layers) -> LayerwiseMemory:
         return self.replace(tail=self.tail.finish_update(writer.tail, layers))
@@ -150,6 +166,14 @@ class LayerwiseMemory:
             held = int(np.sum(np.asarray(positions) >= 0))
             total += 2 * held * keys.shape[-1] * keys.dtype.itemsize
         return total
+
+    def packed(self, segment_ids: jax.Array | np.ndarray | None) -> LayerwiseMemory:
+        """This memory for one call of ``T`` tokens that packs several sequences in each
+        row: int ``[B, T]``, equal ids for the tokens of one sequence (``None``: the
+        call's tokens are one sequence per row). Every packed sequence reads the whole
+        memory, as if each had a row of its own."""
+        ids = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+        return self.replace(segment_ids=ids)
 
     def with_tail(self, config, slots: int) -> LayerwiseMemory:
         """This memory with an empty tail of ``slots`` slots per sequence."""
@@ -276,11 +300,14 @@ def append_kept(
 
 def _grown(old, new, count: int, index: np.ndarray, slots: int) -> jax.Array:
     """``[1, K, slots, H]``: the ``count`` held entries of ``old``, then the entries
-    ``index [K, n]`` of ``new [1, K, C, H]``, then empty slots."""
-    taken = jnp.take_along_axis(new[0], jnp.asarray(index)[:, :, None], axis=1)
-    block = jnp.concatenate([old[0, :, :count], taken.astype(old.dtype)], axis=1)
-    pad = jnp.zeros((block.shape[0], slots - block.shape[1], block.shape[-1]), block.dtype)
-    return jnp.concatenate([block, pad], axis=1)[None]
+    ``index [K, n]`` of ``new [1, K, C, H]``, then empty slots (built on the host: the
+    counts differ from layer to layer and chunk to chunk, and would each compile)."""
+    old, new = np.asarray(old)[0], np.asarray(new)[0]
+    block = np.zeros((old.shape[0], slots, old.shape[-1]), old.dtype)
+    block[:, :count] = old[:, :count]
+    taken = np.take_along_axis(new, index[:, :, None], axis=1)
+    block[:, count : count + index.shape[1]] = taken.astype(old.dtype)
+    return jnp.asarray(block[None])
 
 
 def _empty_like(tail: KVCache, batch_size: int) -> KVCache:

@@ -70,6 +70,9 @@ class KVView:
         new_keys: ``[B, T, K, H]``, this call's keys (``None`` when ``keys`` has them).
         new_values: ``[B, T, K, H]``.
         new_positions: int32 ``[B, T]``.
+        new_mask: ``None`` or bool ``[B, T, T]``: which of this call's keys each of its
+            queries may see besides the position mask (packed sequences: each sees its
+            own); the held keys are visible to all. Attention then runs in XLA.
     """
 
     keys: jax.Array
@@ -78,6 +81,7 @@ class KVView:
     new_keys: jax.Array | None = None
     new_values: jax.Array | None = None
     new_positions: jax.Array | None = None
+    new_mask: jax.Array | None = None
 
     def attend(
         self,
@@ -95,9 +99,13 @@ class KVView:
         softmax; the others receive them concatenated. Caches that store something other
         than plain keys and values (quantized codes) return a view that overrides this.
         """
-        segments = [(k.astype(dtype), v.astype(dtype), p) for k, v, p in self.segments()]
-        if (impl == "xla" and len(segments) > 1) or self.positions.ndim == 3:
-            for keys, values, positions in segments:
+        segments = [(k.astype(dtype), v.astype(dtype), *rest) for k, v, *rest in self.segments()]
+        if (
+            (impl == "xla" and len(segments) > 1)
+            or self.positions.ndim == 3
+            or len(segments[-1]) > 3
+        ):
+            for keys, values, positions, *_ in segments:
                 _check_attention_inputs(query, keys, values, query_positions, positions)
             return attention_segments(
                 query,
@@ -119,11 +127,13 @@ class KVView:
             alibi_slopes=alibi_slopes,
         )
 
-    def segments(self) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
-        """``(keys, values, positions)`` of what is held, then of this call's keys."""
+    def segments(self) -> list[tuple[jax.Array, ...]]:
+        """``(keys, values, positions)`` of what is held, then of this call's keys (with
+        ``new_mask`` as a fourth element when there is one)."""
         segments = [(self.keys, self.values, self.positions)]
         if self.new_keys is not None:
-            segments.append((self.new_keys, self.new_values, self.new_positions))
+            own = (self.new_keys, self.new_values, self.new_positions)
+            segments.append(own if self.new_mask is None else (*own, self.new_mask))
         return segments
 
     def probabilities(
@@ -150,9 +160,15 @@ class KVView:
         """
         picked = jnp.take_along_axis(query, probe[:, :, None, None], axis=1)
         picked_positions = jnp.take_along_axis(query_positions, probe, axis=1)
+        segments = [
+            (*segment[:3], jnp.take_along_axis(segment[3], probe[:, :, None], axis=1))
+            if len(segment) > 3
+            else segment
+            for segment in self.segments()
+        ]
         weights = segment_weights(
             picked,
-            self.segments(),
+            segments,
             picked_positions,
             scale=query.shape[-1] ** -0.5,
             window=window,

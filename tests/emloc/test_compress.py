@@ -203,8 +203,8 @@ def test_memory_accounting(params):
 
 
 def test_chunks_of_one_shape_share_one_compiled_program_each(params):
-    # The layer index is traced and the memory has room for the whole context from the
-    # start: every chunk and every layer runs the same three programs.
+    # The layer index is traced and the memory grows in coarse steps: every chunk (here
+    # within one step) and every layer runs the same three programs.
     programs = (_prefill, _teacher, _student)
     for program in programs:
         program.clear_cache()
@@ -234,3 +234,41 @@ def test_bad_settings_and_inputs_are_refused(params):
     scanned = dataclasses.replace(CONFIG, scan_layers=True)
     with pytest.raises(ValueError, match="scan_layers=False"):
         emloc.empty_memory(scanned)
+
+
+def test_packed_sequences_read_the_memory_as_if_each_had_a_row_of_its_own(params):
+    # A memory pruned head by head, then three sequences of different lengths packed in
+    # one row: each one's logits equal those of the sequence alone on the memory.
+    examples = _examples(4, seed=8)
+    compression = emloc.compress(MODEL, params, examples, EMLoCConfig(chunk_size=2, delta=0.05))
+    memory = compression.memory
+    assert any(d.ratio < 1 for d in compression.decisions), "nothing pruned: a weak test"
+    start = 28
+    rng = np.random.default_rng(9)
+    sequences = [rng.integers(3, CONFIG.vocab_size, n).astype(np.int32) for n in (5, 3, 6)]
+    alone = []
+    for sequence in sequences:
+        logits, _ = MODEL.apply(
+            {"params": params},
+            jnp.asarray(sequence[None]),
+            jnp.arange(start, start + sequence.size, dtype=jnp.int32)[None],
+            memory.with_tail(CONFIG, 8),
+        )
+        alone.append(np.asarray(logits[0]))
+    tokens = np.concatenate(sequences + [np.zeros(2, np.int32)])  # two padding tokens
+    positions = np.concatenate([start + np.arange(s.size) for s in sequences] + [[-1, -1]])
+    segments = np.concatenate([np.full(s.size, i) for i, s in enumerate(sequences)] + [[-1, -1]])
+    packed, _ = MODEL.apply(
+        {"params": params},
+        jnp.asarray(tokens[None]),
+        jnp.asarray(positions[None], jnp.int32),
+        memory.with_tail(CONFIG, tokens.size).packed(segments[None]),
+    )
+    np.testing.assert_allclose(packed[0, :14], np.concatenate(alone), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"segment_ids has shape \(1, 3\), the call's positions"):
+        MODEL.apply(
+            {"params": params},
+            jnp.asarray(tokens[None]),
+            jnp.asarray(positions[None], jnp.int32),
+            memory.with_tail(CONFIG, tokens.size).packed(segments[None, :3]),
+        )
