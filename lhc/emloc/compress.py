@@ -4,8 +4,9 @@ For each chunk of demonstrations (``EMLoCConfig.chunk_size`` examples):
 
 1. the chunk is prefilled after the memory so far (every kept token visible, positions
    continuing after every token seen, pruned or not);
-2. each of the chunk's examples is fed again, one per row, after the memory and the
-   whole chunk: the *teacher* pass. It gives the distributions of the answer tokens,
+2. each of the chunk's examples is fed again after the memory and the whole chunk (the
+   examples packed in one row, each seeing the memory and its own tokens, as if alone):
+   the *teacher* pass. It gives the distributions of the answer tokens,
    the residual stream entering every layer, and the attention probabilities of the
    queries that predict answer tokens;
 3. the importance of each chunk token in layer ``l`` and key/value head ``k``: those
@@ -14,9 +15,9 @@ For each chunk of demonstrations (``EMLoCConfig.chunk_size`` examples):
    over tokens (kernel ``pool``, zero padding counted), plus ``answer_bonus`` on the
    chunk's answer tokens;
 4. from the top layer down, keep ratios ``ratios`` are tried in order: each head of the
-   layer keeps its ``floor(C r)`` best tokens, the rows are run again from that layer's
-   stored input (layers above keep their decisions, layers below are still whole), and
-   the first ratio whose mean Jensen-Shannon divergence (natural log, float32) to the
+   layer keeps its ``floor(C r)`` best tokens, the examples are run again from that
+   layer's stored input (layers above keep their decisions, layers below are still
+   whole), and the first ratio whose mean Jensen-Shannon divergence (natural log, float32) to the
    teacher over all answer predictions is at most ``delta`` is accepted; if none is,
    the layer keeps the whole chunk;
 5. the kept tokens join the memory.
