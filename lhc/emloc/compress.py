@@ -17,9 +17,9 @@ For each chunk of demonstrations (``EMLoCConfig.chunk_size`` examples):
 4. from the top layer down, keep ratios ``ratios`` are tried in order: each head of the
    layer keeps its ``floor(C r)`` best tokens, the examples are run again from that
    layer's stored input (layers above keep their decisions, layers below are still
-   whole), and the first ratio whose mean Jensen-Shannon divergence (natural log, float32) to the
-   teacher over all answer predictions is at most ``delta`` is accepted; if none is,
-   the layer keeps the whole chunk;
+   whole), and the first ratio whose mean Jensen-Shannon divergence (natural log,
+   float32) to the teacher over all answer predictions is at most ``delta`` is
+   accepted; if none is, the layer keeps the whole chunk;
 5. the kept tokens join the memory.
 
 Compared with the official code (Qwen2-VL only): the scored queries are the positions
