@@ -241,15 +241,18 @@ def _cell(value: Any, spec: str) -> str:
     return str(value)
 
 
-def markdown_table(columns: Sequence[tuple], rows: Sequence[Mapping[str, Any]]) -> str:
+def markdown_table(
+    columns: Sequence[tuple], rows: Sequence[Mapping[str, Any]], *, right: Sequence = ()
+) -> str:
     """A markdown table. ``columns``: ``(header, key)`` or ``(header, key, format)``;
     a format is a ``format()`` spec (``".3f"``, ``","``), ``"%"`` (a fraction as a
     percentage), a spec ending in ``"x"`` (a ratio: ``".2fx"``), or a function of the
-    value. Text columns are left-aligned, numeric ones right-aligned; a missing value
-    is an empty cell."""
+    value. Text columns are left-aligned, numeric ones and those whose keys are in
+    ``right`` right-aligned; a missing value is an empty cell."""
     columns = [(c[0], c[1], c[2] if len(c) > 2 else "") for c in columns]
     numeric = [
-        any(
+        key in right
+        or any(
             isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
             for row in rows
         )

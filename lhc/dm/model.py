@@ -74,6 +74,7 @@ class DMConfig(ModelConfig):
         ablation).
       capacity_hidden: the capacity MLP's hidden width (512).
       temperature: of the soft selection that carries the straight-through gradient.
+      dtype, param_dtype: compute and parameter dtypes (names, e.g. "bfloat16").
     """
 
     state_dim: int
@@ -88,7 +89,10 @@ class DMConfig(ModelConfig):
     fixed_capacity: float | None = None
     capacity_hidden: int = 512
     temperature: float = 1.0
+    dtype: str = "float32"
+    param_dtype: str = "float32"
 
+    DTYPES = ("dtype", "param_dtype")
     POSITIVE = (
         "state_dim",
         "action_dim",
@@ -124,6 +128,11 @@ class DMConfig(ModelConfig):
     def routed(self, layer: int) -> bool:
         return self.router and layer % 2 == 1
 
+    @property
+    def dtypes(self) -> dict:
+        """The ``dtype`` and ``param_dtype`` keyword arguments of every layer."""
+        return dict(dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype))
+
 
 class Block(nn.Module):
     """A GPT-2 block: ``x + attn(ln(x))`` then ``+ mlp(ln(x))``, attending only to the
@@ -136,7 +145,7 @@ class Block(nn.Module):
         cfg = self.config
         batch, tokens, width = x.shape
         head_dim = width // cfg.num_heads
-        h = LayerNorm(use_bias=True, name="ln_attention")(x)
+        h = LayerNorm(use_bias=True, **cfg.dtypes, name="ln_attention")(x)
         # C = 3 (query, key, value), N heads of H. Both projections initialise as
         # nn.DenseGeneral did (fan-in D, and N H) and, with N H contracted as one axis F,
         # compute its outputs to the last bit.
@@ -144,6 +153,7 @@ class Block(nn.Module):
             (width, 3, cfg.num_heads, head_dim),
             ("embed", None, "heads", "kv"),
             use_bias=True,
+            **cfg.dtypes,
             kernel_init=nn.initializers.lecun_normal(in_axis=0, out_axis=(1, 2, 3)),
             name="qkv",
         )("BTD,DCNH->BTCNH", h)
@@ -155,13 +165,14 @@ class Block(nn.Module):
             ("heads", "kv", "embed"),
             in_dims=2,
             use_bias=True,
+            **cfg.dtypes,
             kernel_init=nn.initializers.lecun_normal(in_axis=(0, 1), out_axis=2),
             equation_shape=(width, width),
             name="attention_out",
         )("BTF,FD->BTD", out.reshape(batch, tokens, width))
         x = x + nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
-        h = LayerNorm(use_bias=True, name="ln_mlp")(x)
-        out = GeluMLP(4 * width, name="mlp")(h)
+        h = LayerNorm(use_bias=True, **cfg.dtypes, name="ln_mlp")(x)
+        out = GeluMLP(4 * width, **cfg.dtypes, name="mlp")(h)
         return x + nn.Dropout(cfg.dropout)(out, deterministic=deterministic)
 
 
@@ -189,10 +200,14 @@ class Router(nn.Module):
     def __call__(self, x, valid, *, selection: str, deterministic: bool):
         cfg = self.config
         batch, tokens, _ = x.shape
-        scores = dense(1, ("embed", None), "score")(x)[..., 0]  # [B, T]
+        scores = dense(1, ("embed", None), "score", **cfg.dtypes)(x)[..., 0]  # [B, T]
         flat = x.reshape(batch, -1)  # [B, T D]
-        hidden = nn.leaky_relu(dense(cfg.capacity_hidden, (None, "mlp"), "capacity_hidden")(flat))
-        fraction = jax.nn.sigmoid(dense(1, ("mlp", None), "capacity_out")(hidden))[:, 0]
+        hidden = nn.leaky_relu(
+            dense(cfg.capacity_hidden, (None, "mlp"), "capacity_hidden", **cfg.dtypes)(flat)
+        )
+        fraction = jax.nn.sigmoid(dense(1, ("mlp", None), "capacity_out", **cfg.dtypes)(hidden))[
+            :, 0
+        ]
         if cfg.fixed_capacity is not None:
             fraction = jnp.full_like(fraction, cfg.fixed_capacity)
         capacity = jnp.clip(fraction * tokens, 1.0, float(tokens))
@@ -201,8 +216,12 @@ class Router(nn.Module):
         threshold = kth_largest(masked_scores, capacity)
         hard_topk = (masked_scores > jax.lax.stop_gradient(threshold)[:, None]) & valid
         aux_input = jax.lax.stop_gradient(x)
-        aux_hidden = nn.silu(dense(x.shape[-1] // 2, ("embed", "mlp"), "aux_hidden")(aux_input))
-        aux_logits = dense(2, ("mlp", None), "aux_out")(aux_hidden).astype(jnp.float32)
+        aux_hidden = nn.silu(
+            dense(x.shape[-1] // 2, ("embed", "mlp"), "aux_hidden", **cfg.dtypes)(aux_input)
+        )
+        aux_logits = dense(2, ("mlp", None), "aux_out", **cfg.dtypes)(aux_hidden).astype(
+            jnp.float32
+        )
         if selection == "topk":
             hard = hard_topk
             soft = jax.nn.sigmoid((masked_scores - threshold[:, None]) / cfg.temperature)
@@ -252,9 +271,13 @@ class DecisionModel(nn.Module):
         # nn.Embed's initialisation.
         embed_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", out_axis=0)
         time = Embed(
-            cfg.max_ep_len, cfg.embed_dim, embedding_init=embed_init, name="embed_timestep"
+            cfg.max_ep_len,
+            cfg.embed_dim,
+            embedding_init=embed_init,
+            **cfg.dtypes,
+            name="embed_timestep",
         ).encode(timesteps)
-        embed = lambda name: dense(cfg.embed_dim, (None, "embed"), name)  # noqa: E731
+        embed = lambda name: dense(cfg.embed_dim, (None, "embed"), name, **cfg.dtypes)  # noqa: E731
         tokens = jnp.stack(
             [
                 embed("embed_return")(returns_to_go) + time,
@@ -264,7 +287,7 @@ class DecisionModel(nn.Module):
             axis=2,
         ).reshape(batch, 3 * steps, cfg.embed_dim)  # (R_1, s_1, a_1, R_2, ...)
         valid = jnp.repeat(mask.astype(bool), 3, axis=1)  # [B, T]
-        x = LayerNorm(use_bias=True, name="embed_ln")(tokens)
+        x = LayerNorm(use_bias=True, **cfg.dtypes, name="embed_ln")(tokens)
         x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
         all_positions = jnp.where(valid, jnp.arange(3 * steps)[None], -1)
         routers = []
@@ -276,9 +299,11 @@ class DecisionModel(nn.Module):
                 routers.append(info)
             else:
                 x = Block(cfg, name=f"block_{layer}")(x, all_positions, deterministic=deterministic)
-        x = LayerNorm(use_bias=True, name="ln_final")(x)
+        x = LayerNorm(use_bias=True, **cfg.dtypes, name="ln_final")(x)
         state_tokens = x.reshape(batch, steps, 3, cfg.embed_dim)[:, :, 1]
-        predicted = jnp.tanh(dense(cfg.action_dim, ("embed", None), "predict_action")(state_tokens))
+        predicted = jnp.tanh(
+            dense(cfg.action_dim, ("embed", None), "predict_action", **cfg.dtypes)(state_tokens)
+        )
         return predicted.astype(jnp.float32), {"routers": routers}
 
 

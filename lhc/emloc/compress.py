@@ -411,6 +411,24 @@ def compress(
     return Compression(memory, decisions, context, time.perf_counter() - began)
 
 
+def _search_layer(scores, length, config, trial, chunk, layer) -> LayerDecision:
+    """One layer's decision: the first keep ratio whose ``trial(top [K, n]) -> mean JS``
+    is within ``config.delta``, else the whole chunk (``ratio`` 1)."""
+    tried = []
+    for ratio in config.ratios:
+        count = int(length * ratio)
+        if count < 1:
+            tried.append((ratio, float("nan")))
+            continue
+        top = top_tokens(scores, count)
+        js = trial(top)
+        tried.append((ratio, js))
+        if js <= config.delta:
+            return LayerDecision(chunk, layer, ratio, count, js, tried, scores, top)
+    everything = np.tile(np.arange(length), (scores.shape[0], 1))
+    return LayerDecision(chunk, layer, 1.0, length, float("nan"), tried, scores, everything)
+
+
 def _compress_chunk(model, params, memory, chunk, config, index):
     cfg = model.config
     tokens, answer, embeddings, embedded = join_examples(chunk, cfg.embed_dim)
@@ -469,12 +487,13 @@ def _compress_chunk(model, params, memory, chunk, config, index):
         probe_j,
     )
 
-    def mean_js(candidate, layer):
+    def mean_js(top, *, batch, layer, offset):
+        """The mean JS with layer ``layer`` reduced to ``top`` of the chunk."""
         return float(
             _student(
                 model,
                 params,
-                candidate,
+                _with_kept(batch, layer, offset, top),
                 jnp.asarray(row_positions),
                 inputs[layer],
                 probe_j,
@@ -498,31 +517,12 @@ def _compress_chunk(model, params, memory, chunk, config, index):
             config.pool,
             config.answer_bonus,
         )
-        tried, accepted = [], None
-        for ratio in config.ratios:
-            count = int(length * ratio)
-            if count < 1:
-                tried.append((ratio, float("nan")))
-                continue
-            top = top_tokens(scores, count)
-            candidate = _with_kept(batch, layer, offset, top)
-            js = mean_js(candidate, layer)
-            tried.append((ratio, js))
-            if js <= config.delta:
-                accepted = (ratio, top, js)
-                break
-        if accepted is None:
-            kept[layer] = everything
-            decisions.append(
-                LayerDecision(index, layer, 1.0, length, float("nan"), tried, scores, everything)
-            )
-        else:
-            ratio, top, js = accepted
-            kept[layer] = top
-            batch = _with_kept(batch, layer, offset, top)
-            decisions.append(
-                LayerDecision(index, layer, ratio, top.shape[1], js, tried, scores, top)
-            )
+        trial = functools.partial(mean_js, batch=batch, layer=layer, offset=offset)
+        decision = _search_layer(scores, length, config, trial, index, layer)
+        kept[layer] = decision.tokens
+        if decision.ratio < 1:
+            batch = _with_kept(batch, layer, offset, decision.tokens)
+        decisions.append(decision)
 
     memory = append_kept(
         memory,

@@ -31,8 +31,9 @@ import numpy as np
 from lhc import lm
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.emloc.compress import Example
+from lhc.lm import lm_config_from
 from lhc.nn.linear import dense
-from lhc.train.causal_lm import CausalLMTask, lm_config_from
+from lhc.train.causal_lm import CausalLMTask
 from lhc.train.tasks import register_task
 
 NEWLINE = ord("\n")

@@ -407,6 +407,9 @@ class Transformer(nn.Module):
                 ``>= max_len``. Under ``jit``, where lengths are not known, a sequence
                 that overflows its cache gets NaN logits.
         """
+        # Long for its docstring (every argument's contract); the body, about 85 lines,
+        # is the forward pass in order: checks, embeddings, the layers (scanned, looped,
+        # or restarted under lax.cond), the final norm and the logits.
         cfg = self.config
         _check_inputs(cfg, tokens, positions, cache, embeddings, embedding_mask, intervention)
         _check_start(cfg, tokens, positions, embeddings, start_layer, probe)

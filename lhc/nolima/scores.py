@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from lhc import plots
+from lhc.bench import markdown_table
 
 BASE_LENGTHS = (250, 500, 1000)
 
@@ -171,40 +172,30 @@ def interval_table(result: Mapping) -> str:
     blocks = list((result.get("literal_latent") or {}).items())
     blocks += list(result["by_question_type"].items())
     lengths = sorted({n for _, b in blocks for n in b["intervals"]})
+    cell = lambda c: f"{c['accuracy']:.2f} [{c['low']:.2f}, {c['high']:.2f}] ({c['tests']})"  # noqa: E731
     rows = [
-        "| questions | " + " | ".join(map(str, lengths)) + " |",
-        "|---|" + "---:|" * len(lengths),
+        dict(questions=name, **{str(n): cell(b["intervals"][n]) for n in b["intervals"]})
+        for name, b in blocks
     ]
-    for name, b in blocks:
-        cells = []
-        for n in lengths:
-            cell = b["intervals"].get(n)
-            cells.append(
-                ""
-                if cell is None
-                else f"{cell['accuracy']:.2f} [{cell['low']:.2f}, {cell['high']:.2f}] ({cell['tests']})"
-            )
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    columns = [("questions", "questions")] + [(str(n), str(n)) for n in lengths]
+    return markdown_table(columns, rows, right=[str(n) for n in lengths])
 
 
 def table(result: Mapping) -> str:
     """A markdown table: score per length for all pairs and each question type, with the
     base score and effective length."""
     lengths = sorted(result["by_length"])
-    head = "| questions | base | " + " | ".join(map(str, lengths)) + " | effective length |"
-    rows = [head, "|---|---:|" + "---:|" * len(lengths) + "---:|"]
-    blocks = [("all", result), *result["by_question_type"].items()]
-    for name, b in blocks:
-        cells = [f"{b['by_length'][n]:.2f}" if n in b["by_length"] else "" for n in lengths]
-        base = f"{b['base']:.2f}" if "base" in b else ""
+    rows = []
+    for name, b in [("all", result), *result["by_question_type"].items()]:
         effective = b.get("effective_length")
-        rows.append(
-            f"| {name} | {base} | "
-            + " | ".join(cells)
-            + f" | {'<' + str(lengths[0]) if effective is None and base else effective or ''} |"
-        )
-    return "\n".join(rows)
+        if effective is None and "base" in b:
+            effective = f"<{lengths[0]}"  # below the base already at the shortest
+        rows.append({"questions": name, "base": b.get("base"), "effective": effective})
+        rows[-1].update(b["by_length"])
+    columns = [("questions", "questions"), ("base", "base", ".2f")]
+    columns += [(str(n), n, ".2f") for n in lengths]
+    columns.append(("effective length", "effective"))
+    return markdown_table(columns, rows, right=["effective"])
 
 
 def grid(records: Sequence[Mapping], question_type: str | None = None):

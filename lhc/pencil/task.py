@@ -54,7 +54,7 @@ def pick_subsequence(subs, rng: np.random.Generator) -> int:
 
 
 def example_row(
-    problem, tokenizer, rng: np.random.Generator, *, format: str, context_limit: int
+    problem, tokenizer, rng: np.random.Generator, *, trace_format: str, context_limit: int
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """One training row: ``(tokens int32 [L + 1], trained bool [L + 1], truncated)``.
 
@@ -62,7 +62,7 @@ def example_row(
     """
     instance = problem.sample(rng)
     prompt, trace = tokenizer.encode(instance.prompt), tokenizer.encode(instance.trace)
-    if format == "pencil":
+    if trace_format == "pencil":
         subs = subsequences(prompt, trace, tokenizer.call_id, tokenizer.sep_id, tokenizer.return_id)
         example = subs[pick_subsequence(subs, rng)]
     else:
@@ -106,7 +106,7 @@ class PencilTask(CausalLMTask):
             example_row,
             self.problem,
             self.tokenizer,
-            format=self.config.data.format,
+            trace_format=self.config.data.format,
             context_limit=int(self.config.data.context_limit),
         )
         tokens, trained, truncated = zip(*(make(rng) for rng in row_rngs(seed, index, rows)))

@@ -12,6 +12,7 @@ are not counted.
 
 from __future__ import annotations
 
+from lhc.bench import markdown_table
 from lhc.lm.config import LMConfig
 from lhc.lm.costs import decode_bytes_per_token
 
@@ -80,11 +81,10 @@ def memory_table(rows: list[tuple[int, int, dict[str, float]]]) -> str:
         "prefill_scores",
         "total",
     )
-    lines = [
-        "| context | RAG prompt | " + " | ".join(names) + " |",
-        "|---:|---:|" + "---:|" * len(names),
+    columns = [("context", "context"), ("RAG prompt", "rag")]
+    columns += [(name, name, ".2f") for name in names]
+    table = [
+        dict(context=context, rag=rag, **{n: parts[n] / 2**30 for n in names})
+        for context, rag, parts in rows
     ]
-    for context_len, rag_len, parts in rows:
-        cells = " | ".join(f"{parts[n] / 2**30:.2f}" for n in names)
-        lines.append(f"| {context_len} | {rag_len} | {cells} |")
-    return "\n".join(lines)
+    return markdown_table(columns, table)

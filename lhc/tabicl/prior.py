@@ -226,57 +226,57 @@ class PriorConfig:
     max_attempts: int = 1000
 
     def __post_init__(self):
-        def require(ok: bool, name: str, expected: str):
+        def check(ok: bool, name: str, expected: str):
             if not ok:
                 raise ValueError(
                     f"PriorConfig.{name}: expected {expected}, got {getattr(self, name)!r}"
                 )
 
-        require(self.batch_size >= 1, "batch_size", "an integer >= 1")
-        require(self.num_rows >= 4, "num_rows", "an integer >= 4")
-        require(
+        check(self.batch_size >= 1, "batch_size", "an integer >= 1")
+        check(self.num_rows >= 4, "num_rows", "an integer >= 4")
+        check(
             self.min_rows is None or 4 <= self.min_rows < self.num_rows,
             "min_rows",
             f"None or an integer in [4, num_rows={self.num_rows})",
         )
-        require(
+        check(
             1 <= self.min_features <= self.max_features,
             "min_features",
             "1 <= min_features <= max_features",
         )
-        require(2 <= self.max_classes, "max_classes", "an integer >= 2")
-        require(
+        check(2 <= self.max_classes, "max_classes", "an integer >= 2")
+        check(
             0.0 < self.min_train_fraction < self.max_train_fraction < 1.0,
             "min_train_fraction",
             f"0 < min_train_fraction < max_train_fraction={self.max_train_fraction} < 1",
         )
-        require(self.prior_type in PRIOR_TYPES, "prior_type", f"one of {PRIOR_TYPES}")
-        require(
+        check(self.prior_type in PRIOR_TYPES, "prior_type", f"one of {PRIOR_TYPES}")
+        check(
             len(self.mix_probs) == 2
             and min(self.mix_probs) >= 0
             and abs(sum(self.mix_probs) - 1) < 1e-6,
             "mix_probs",
             "two probabilities summing to 1",
         )
-        require(self.tables_per_group >= 1, "tables_per_group", "an integer >= 1")
-        require(
+        check(self.tables_per_group >= 1, "tables_per_group", "an integer >= 1")
+        check(
             self.tables_per_subgroup is None or self.tables_per_subgroup >= 1,
             "tables_per_subgroup",
             "None or an integer >= 1",
         )
-        require(0.0 <= self.cat_prob <= 1.0, "cat_prob", "a probability")
-        require(
+        check(0.0 <= self.cat_prob <= 1.0, "cat_prob", "a probability")
+        check(
             self.row_multiple is None or self.row_multiple >= 1,
             "row_multiple",
             "None or an integer >= 1",
         )
-        require(
+        check(
             self.train_size_multiple is None
             or 1 <= self.train_size_multiple < self.num_rows * self.max_train_fraction,
             "train_size_multiple",
             "None or an integer in [1, num_rows * max_train_fraction)",
         )
-        require(self.max_attempts >= 1, "max_attempts", "an integer >= 1")
+        check(self.max_attempts >= 1, "max_attempts", "an integer >= 1")
 
     def replace(self, **changes) -> PriorConfig:
         """A copy with some fields changed; an unknown field is a ValueError."""

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from lhc.extras import require
+
 # ---------------------------------------------------------------------------------------
 # Activations
 # ---------------------------------------------------------------------------------------
@@ -467,13 +469,7 @@ def tree_layer(
     Returns:
       float32[T, out_dim], taking at most ``(2**max_depth)**n_estimators`` distinct rows.
     """
-    try:
-        import xgboost  # optional dependency: only the tree-SCM needs it
-    except ImportError as error:
-        raise ImportError(
-            "the tree-SCM prior needs xgboost (pip install 'lhc[prior]'); "
-            "PriorConfig(prior_type='mlp_scm') works without it"
-        ) from error
+    xgboost = require("xgboost", "prior")  # only the tree-SCM needs it
 
     x = np.nan_to_num(np.asarray(x, np.float32), nan=0.0)
     targets = rng.standard_normal((x.shape[0], out_dim))

@@ -242,3 +242,21 @@ def test_every_parameter_has_logical_axis_names(router):
     for leaf in leaves:
         assert len(leaf.names) == leaf.value.ndim
         assert {name for name in leaf.names if name is not None} <= known
+
+
+def test_bfloat16_parameters_and_compute_follow_the_float32_model():
+    # The same weights stored in bfloat16 and computed in bfloat16: every parameter is
+    # bfloat16 and the actions stay within bfloat16's rounding of the float32 ones.
+    model, params = _model(router=True)
+    half, _ = _model(router=True, dtype="bfloat16", param_dtype="bfloat16")
+    init = half.init(jax.random.key(0), **_inputs())["params"]
+    dtypes = {leaf.dtype for leaf in jax.tree_util.tree_leaves(nn.meta.unbox(init))}
+    assert dtypes == {jnp.dtype(jnp.bfloat16)}
+    inputs = _inputs(3)
+    full, _ = model.apply({"params": params}, **inputs, selection="aux")
+    cast = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+    out, _ = half.apply({"params": cast}, **inputs, selection="aux")
+    assert not np.array_equal(out, full)  # computed in bfloat16 ...
+    np.testing.assert_allclose(out, full, atol=0.05)  # ... close to float32
+    with pytest.raises(ValueError, match="DMConfig.dtype"):
+        _model(dtype="float8")

@@ -31,7 +31,7 @@ def test_rows_train_each_trace_token_in_its_context(seed):
     special = (TOKENIZER.call_id, TOKENIZER.sep_id, TOKENIZER.return_id)
     # Chain of thought: the whole trace after the prompt.
     tokens, trained, truncated = example_row(
-        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="cot", context_limit=4096
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), trace_format="cot", context_limit=4096
     )
     assert not truncated
     assert tokens[: len(prompt) + len(trace)].tolist() == prompt + trace
@@ -41,7 +41,7 @@ def test_rows_train_each_trace_token_in_its_context(seed):
     # PENCIL: a context generation holds; what it trains continues the trace from where
     # the reduced context stands.
     tokens, trained, truncated = example_row(
-        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="pencil", context_limit=4096
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), trace_format="pencil", context_limit=4096
     )
     length = int((tokens != 0).sum())
     row = tokens[:length].tolist()
@@ -58,7 +58,7 @@ def test_rows_train_each_trace_token_in_its_context(seed):
         raise AssertionError("the row's context is no reduced prefix of the trace")
     # A row longer than the limit is cut and reported.
     tokens, trained, truncated = example_row(
-        PROBLEM, TOKENIZER, np.random.default_rng(seed), format="cot", context_limit=64
+        PROBLEM, TOKENIZER, np.random.default_rng(seed), trace_format="cot", context_limit=64
     )
     assert truncated and tokens.shape == (65,) and (tokens != 0).all()
 
