@@ -6,8 +6,10 @@ This package has:
 * the hierarchical quantization (``quantize``, ``dequantize``: one store whose upper
   nibbles are the draft's 4-bit codes and whose two nibbles are the target's 8-bit
   codes; ``pack_nibbles``, ``unpack_nibbles``);
-* the draft's group-wise INT4 weights (``quantize_weight``, ``int4_matmul``,
-  ``quantize_params`` for the MLP or every linear layer of an ``lhc.lm.Transformer``);
+* the draft's group-wise INT4 weights, symmetric or with a minimum per group
+  (``quantize_weight``, ``int4_matmul``, ``quantize_params`` for the MLP or every linear
+  layer of an ``lhc.lm.Transformer``), rounded to nearest or with GPTQ on calibration
+  text (``gptq_weight``, ``gptq_calibrate``);
 * the KV cache (``QuantSpecCache``, ``init_cache``): a quantized store plus a
   full-precision ring of the recent tokens, flushed during decoding, read at 8 bits by
   the target and at 4 bits by the draft (``cache.draft()``), with a cut between the two
@@ -30,6 +32,8 @@ from lhc.quantspec.decoding import (
     quantspec_model,
     speculative_generate,
 )
+from lhc.quantspec.gptq import calibrate as gptq_calibrate
+from lhc.quantspec.gptq import gptq_weight
 from lhc.quantspec.quantize import Quantized, dequantize, pack_nibbles, quantize, unpack_nibbles
 from lhc.quantspec.traffic import NAMED, ModelSize, predicted_speedup, size_of_config, step_bytes
 from lhc.quantspec.weights import (
@@ -55,6 +59,8 @@ __all__ = [
     "dequantize_params",
     "dequantize_weight",
     "generate",
+    "gptq_calibrate",
+    "gptq_weight",
     "init_cache",
     "int4_matmul",
     "kv_bytes_per_token",
