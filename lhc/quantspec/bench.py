@@ -16,6 +16,17 @@ alone (the time for N tokens minus the time for one, which holds the prefill):
 tokens per round, the speedups, and whether the speculative tokens equal the 8-bit
 path's.
 
+With ``--drafts`` (and a model), the acceptance of draft variants, one prompt per
+``--prompt-lengths``, each ``--gammas`` and ``--temperatures`` (0: greedy): a draft is
+``kv4`` or ``kv8`` (the cache read at 4 bits, QuantSpec's draft, or at 8 bits, the
+target's reading), optionally ``+<rtn|gptq>-<sym|asym>-<group>[-all]`` (INT4 weights
+rounded to nearest or with GPTQ, symmetric or with a minimum per group, the MLP or every
+linear layer; without it the draft has the target's weights). GPTQ calibrates on
+``--calibration`` (rows x tokens) of the same prompt text, drawn with another seed.
+
+    lhc bench quantspec --checkpoint smollm2-135m-instruct --filler book.txt \
+        --prompt-lengths 1024 --drafts kv4,kv8+rtn-sym-64,kv4+gptq-sym-64 --gammas 4
+
 With ``--kernel-contexts``, the attention over the quantized store (4-bit and 8-bit, one
 decode token and a verification of 7) against bfloat16 attention over the same context,
 one layer of Llama-2 shape: the Pallas kernel on a TPU or GPU, its XLA reference on a
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 from typing import Any
 
 import jax
@@ -36,6 +48,7 @@ import numpy as np
 
 from lhc import bench, lm
 from lhc.quantspec import decoding, traffic
+from lhc.quantspec.gptq import calibrate
 from lhc.quantspec.weights import quantize_params
 
 
@@ -191,6 +204,132 @@ def measured_table(rows) -> str:
     return bench.markdown_table(columns, rows)
 
 
+def parse_draft(spec: str) -> dict:
+    """``kv4`` / ``kv8``, optionally ``+<rtn|gptq>-<sym|asym>-<group>[-all]`` (see the
+    module docstring), as a dict; ValueError naming the spec otherwise."""
+    kv, _, weights = spec.partition("+")
+    parts = weights.split("-") if weights else []
+    ok = kv in ("kv4", "kv8") and (
+        not parts
+        or (
+            len(parts) in (3, 4)
+            and parts[0] in ("rtn", "gptq")
+            and parts[1] in ("sym", "asym")
+            and parts[2].isdigit()
+            and parts[3:] in ([], ["all"])
+        )
+    )
+    if not ok:
+        raise ValueError(
+            f"draft {spec!r}: expected kv4 or kv8, optionally +<rtn|gptq>-<sym|asym>-<group>"
+            f"[-all], e.g. kv4+gptq-sym-64"
+        )
+    draft = dict(name=spec, kv_bits=int(kv[2:]), method=None)
+    if parts:
+        draft.update(
+            method=parts[0],
+            symmetric=parts[1] == "sym",
+            group=int(parts[2]),
+            layers="all" if parts[3:] else "mlp",
+        )
+    return draft
+
+
+def draft_weights(model, params, draft: dict, calibration) -> Any:
+    """The draft's parameters for a ``parse_draft`` dict (``params`` themselves when it
+    quantizes no weights; GPTQ on ``calibration`` tokens ``[n, T]``)."""
+    if draft["method"] is None:
+        return params
+    settings = dict(group_size=draft["group"], layers=draft["layers"], symmetric=draft["symmetric"])
+    if draft["method"] == "rtn":
+        return quantize_params(params, **settings)
+    return calibrate(model, params, calibration, **settings)
+
+
+def acceptance_rows(
+    model,
+    params,
+    prompts: dict,
+    drafts,
+    *,
+    gammas,
+    temperatures,
+    new_tokens: int,
+    group_size: int,
+    calibration=None,
+    stop_tokens=(),
+    log=print,
+):
+    """One row per draft, prompt length, gamma and temperature: the acceptance rate,
+    tokens per round, and (greedy) whether the output equals plain decoding on the 8-bit
+    path. ``prompts``: ``{length: int [1, length]}``."""
+    plain = {
+        n: decoding.generate(
+            model,
+            params,
+            p,
+            max_new_tokens=new_tokens,
+            group_size=group_size,
+            stop_tokens=stop_tokens,
+        )
+        for n, p in prompts.items()
+    }
+    rows = []
+    for spec in drafts:
+        draft = parse_draft(spec)
+        weights = draft_weights(model, params, draft, calibration)
+        for (length, prompt), gamma, temperature in itertools.product(
+            prompts.items(), gammas, temperatures
+        ):
+            sampling = lm.SamplingParams(temperature=temperature)
+            out = decoding.speculative_generate(
+                model,
+                params,
+                prompt,
+                gamma=gamma,
+                max_new_tokens=new_tokens,
+                group_size=group_size,
+                draft_params=weights,
+                draft_kv_bits=draft["kv_bits"],
+                sampling=sampling,
+                rng=jax.random.key(0) if temperature > 0 else None,
+                stop_tokens=stop_tokens,
+            )
+            n = int(np.asarray(out.lengths)[0])
+            same = None
+            if temperature == 0:
+                want = plain[length]
+                same = n == int(np.asarray(want.lengths)[0]) and np.array_equal(
+                    np.asarray(out.tokens)[0, :n], np.asarray(want.tokens)[0, :n]
+                )
+            rows.append(
+                dict(
+                    draft=spec,
+                    prompt=length,
+                    gamma=gamma,
+                    temperature=temperature,
+                    acceptance=float(out.acceptance_rate),
+                    tokens_per_round=n / max(int(out.num_iterations), 1),
+                    new_tokens=n,
+                    same_as_8bit=same,
+                )
+            )
+            log(
+                f"{spec}: prompt {length}, gamma {gamma}, T {temperature}: acceptance {rows[-1]['acceptance']:.3f}"
+            )
+    return rows
+
+
+def acceptance_table(rows) -> str:
+    columns = [
+        ("draft", "draft"), ("prompt", "prompt"), ("gamma", "gamma"),
+        ("temperature", "temperature", "g"), ("acceptance", "acceptance", ".3f"),
+        ("tokens / round", "tokens_per_round", ".2f"), ("new tokens", "new_tokens"),
+        ("greedy output = 8-bit decoding", "same_as_8bit"),
+    ]  # fmt: skip
+    return bench.markdown_table(columns, rows)
+
+
 def kernel_rows(contexts, *, verify_tokens: int = 7, repeats: int = 5):
     """Attention over the quantized store (4-bit draft, 8-bit target; ``T = 1`` and
     ``verify_tokens`` queries) against bfloat16 attention over the same context, one
@@ -290,7 +429,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--kernel-contexts", type=bench.int_list, default=None, help="time the store attention"
     )
+    parser.add_argument(
+        "--drafts", type=bench.str_list, default=None, help="draft variants' acceptance (above)"
+    )
+    parser.add_argument("--gammas", type=bench.int_list, default=[4])
+    parser.add_argument("--temperatures", type=bench.float_list, default=[0.0])
+    parser.add_argument(
+        "--calibration",
+        type=bench.int_list,
+        default=[16, 512],
+        help="GPTQ's calibration text: rows,tokens",
+    )
     args = parser.parse_args(argv)
+    for spec in args.drafts or ():
+        try:
+            parse_draft(spec)
+        except ValueError as error:
+            raise SystemExit(f"--drafts: {error}") from None
+    if len(args.calibration) != 2:
+        raise SystemExit(f"--calibration: expected rows,tokens, got {args.calibration}")
     unknown = sorted(set(args.configs) - set(traffic.NAMED))
     if unknown:
         raise SystemExit(f"--configs: unknown {unknown}; known: {sorted(traffic.NAMED)}")
@@ -311,24 +468,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ValueError as error:
             raise SystemExit(f"--filler: {error}") from None
         group = args.group_size or decoding.default_group_size(model.config)
-        measured = measure(
-            model,
-            params,
-            args.prompt_lengths,
-            new_tokens=args.new_tokens,
-            gamma=args.measure_gamma,
-            group_size=group,
-            batch=args.batch,
-            weights=args.weights,
-            tokenizer=tokenizer,
-            filler=filler,
-        )
-        print(
-            f"\ngreedy, batch {args.batch}, {args.new_tokens} new tokens, gamma "
-            f"{args.measure_gamma}, G {group}"
-        )
-        print(measured_table(measured))
-        result["measured"] = measured
+        if args.drafts:
+            prompts = {n: filler_prompts(1, n, 0, tokenizer, filler) for n in args.prompt_lengths}
+            rows, length = args.calibration
+            calibration = filler_prompts(rows, length, 1, tokenizer, filler)
+            accepted = acceptance_rows(
+                model,
+                params,
+                prompts,
+                args.drafts,
+                gammas=args.gammas,
+                temperatures=args.temperatures,
+                new_tokens=args.new_tokens,
+                group_size=group,
+                calibration=calibration,
+            )
+            print(f"\n{args.new_tokens} new tokens, KV group {group}")
+            print(acceptance_table(accepted))
+            result["acceptance"] = accepted
+        else:
+            measured = measure(
+                model,
+                params,
+                args.prompt_lengths,
+                new_tokens=args.new_tokens,
+                gamma=args.measure_gamma,
+                group_size=group,
+                batch=args.batch,
+                weights=args.weights,
+                tokenizer=tokenizer,
+                filler=filler,
+            )
+            print(
+                f"\ngreedy, batch {args.batch}, {args.new_tokens} new tokens, gamma "
+                f"{args.measure_gamma}, G {group}"
+            )
+            print(measured_table(measured))
+            result["measured"] = measured
     if args.kernel_contexts:
         rows = kernel_rows(args.kernel_contexts)
         print("\none layer of Llama-2 shape, batch 1; ratio = bf16 time / quantized time")

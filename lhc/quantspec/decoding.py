@@ -146,6 +146,7 @@ def speculative_generate(
     weights: str = "mlp",
     weight_group_size: int | None = None,
     draft_params: Any = None,
+    draft_kv_bits: int = 4,
     **kwargs,
 ) -> lm.SpeculativeOutput:
     """Self-speculative decoding: 4-bit KV and 4-bit weights draft, the 8-bit target
@@ -162,8 +163,11 @@ def speculative_generate(
         weights: the draft's 4-bit layers, ``"mlp"`` (the official code) or ``"all"``.
         weight_group_size: input rows per weight scale; default
             ``default_weight_group_size(model.config, weights)``.
-        draft_params: the draft's weights as ``quantize_params`` makes them (made from
-            ``params`` when None).
+        draft_params: the draft's weights as ``quantize_params`` or ``gptq_calibrate``
+            make them (made from ``params`` when None; ``params`` itself for a draft
+            with full weights).
+        draft_kv_bits: the cache as the draft reads it: 4 (QuantSpec) or 8 (the
+            target's reading: a draft that differs in its weights only).
         **kwargs: ``sampling``, ``rng``, ``stop_tokens``, ``pad_id``, ``verifier``,
             ``mesh``, ``rules`` of ``lhc.lm.speculative_generate``.
 
@@ -178,6 +182,8 @@ def speculative_generate(
     if group_size is None:
         group_size = default_group_size(model.config)
     _checked(gamma, group_size)
+    if draft_kv_bits not in (4, 8):
+        raise ValueError(f"draft_kv_bits must be 4 or 8, got {draft_kv_bits!r}")
     target = quantspec_model(model, group_size=group_size)
     if draft_params is None:
         if weight_group_size is None:
@@ -187,7 +193,10 @@ def speculative_generate(
         except ValueError as error:
             raise ValueError(f"weight_group_size={weight_group_size!r}: {error}") from None
     drafter = lm.SelfDrafter(
-        target, draft_view=_draft_view, target_view=_target_view, prepare_params=_draft_weights
+        target,
+        draft_view=_draft_view if draft_kv_bits == 4 else None,
+        target_view=_target_view if draft_kv_bits == 4 else None,
+        prepare_params=_draft_weights,
     )
     kwargs.setdefault("prefill_chunk", group_size)
     return lm.speculative_generate(

@@ -20,6 +20,7 @@ layer, GPTQ's default without ``--true-sequential``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc import lm
 from lhc.lm.model import Block
 from lhc.quantspec.weights import (
     Int4Weight,
@@ -129,13 +131,15 @@ def _layer_inputs(config, layer: int, layer_params, x, positions, kernels) -> tu
     """``(output, {(block, proj): H})``: the layer's output on ``x`` and the Hessian
     ``2 X^T X / n`` of the inputs of each kernel in ``kernels``."""
     hessians = {}
+    features = {  # the input size of each kernel (the attention output: heads x head dim)
+        path: int(np.prod(layer_params[path[0]][path[1]]["kernel"].shape[:in_axes]))
+        for path, in_axes in kernels.items()
+    }
 
     def record(next_fn, args, kwargs, context):
         path = tuple(context.module.path)
         if context.method_name == "__call__" and path in kernels:
-            inputs = args[1]
-            flat = inputs.reshape(-1, np.prod(inputs.shape[inputs.ndim - kernels[path] :]))
-            flat = flat.astype(jnp.float32)
+            flat = args[1].reshape(-1, features[path]).astype(jnp.float32)
             hessians[path] = 2.0 * flat.T @ flat / flat.shape[0]
         return next_fn(*args, **kwargs)
 
@@ -159,17 +163,22 @@ def calibrate(
     damp: float = 0.01,
     log=None,
 ) -> Any:
-    """``params`` of an ``lhc.lm.Transformer`` (``scan_layers=False``) with the kernels
-    of ``layers`` (as ``quantize_params``) quantized by GPTQ on calibration ``tokens``
-    (int ``[n, T]``, every row ``T`` tokens of real text), layer after layer (see the
-    module docstring). ``log(message)`` hears of each layer.
+    """``params`` of an ``lhc.lm.Transformer`` with the kernels of ``layers`` (as
+    ``quantize_params``) quantized by GPTQ on calibration ``tokens`` (int ``[n, T]``,
+    every row ``T`` tokens of real text), layer after layer (see the module docstring).
+    Scanned layers are unstacked for the calibration and stacked again. ``log(message)``
+    hears of each layer.
 
     Raises:
-        ValueError: a scanned model, or tokens that are not ``[n, T]``.
+        ValueError: tokens that are not ``[n, T]``.
     """
     config = model.config
     if config.scan_layers:
-        raise ValueError("calibrate: GPTQ runs the layers one by one: load with scan_layers=False")
+        looped = lm.Transformer(dataclasses.replace(config, scan_layers=False))
+        settings = dict(group_size=group_size, layers=layers, scale_dtype=scale_dtype)
+        settings.update(symmetric=symmetric, damp=damp, log=log)
+        draft = calibrate(looped, lm.unstack_layer_params(params), tokens, **settings)
+        return lm.stack_layer_params(draft, config.num_layers)
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or not tokens.size:
         raise ValueError(f"calibrate: tokens must be int [n, T], got {tokens.dtype} {tokens.shape}")

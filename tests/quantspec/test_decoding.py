@@ -55,6 +55,22 @@ def test_greedy_self_speculation_equals_plain_decoding_across_flushes():
     rate = float(spec.acceptance_rate)
     assert 0 < rate < 1  # the 4-bit draft differs from the target, and mostly agrees
     assert int(spec.num_iterations) < 40
+    # A draft that reads the cache at 8 bits with the target's weights is the target:
+    # every draft is accepted (and the output is still plain decoding's).
+    same = quantspec.speculative_generate(
+        model,
+        params,
+        prompts,
+        gamma=4,
+        max_new_tokens=40,
+        group_size=8,
+        draft_params=params,
+        draft_kv_bits=8,
+        stop_tokens=(7,),
+    )
+    assert float(same.acceptance_rate) == 1.0
+    for row, n in enumerate(np.asarray(plain.lengths)):
+        np.testing.assert_array_equal(same.tokens[row, :n], plain.tokens[row, :n])
 
 
 def test_scanned_layers_speculate_as_looped_ones():
@@ -154,3 +170,7 @@ def test_bad_input_is_a_clear_error():
         )
     with pytest.raises(ValueError, match="group_size must be an int >= 2 dividing head_dim=8"):
         quantspec.generate(model, params, [[1, 2]], max_new_tokens=4, group_size=16)
+    with pytest.raises(ValueError, match="draft_kv_bits must be 4 or 8, got 2"):
+        quantspec.speculative_generate(
+            model, params, [[1, 2]], max_new_tokens=4, group_size=8, draft_kv_bits=2
+        )

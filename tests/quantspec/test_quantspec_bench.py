@@ -75,3 +75,54 @@ def test_kernel_rows_on_this_cpu_time_the_xla_reference():
     ]
     assert all(r[k] > 0 for r in rows for k in ("bf16_ms", "int4_ms", "int8_ms"))
     assert "| 128 | 3 | xla |" in bench.kernel_table(rows)
+
+
+def test_draft_acceptance_rows_on_a_tiny_model(capsys):
+    # The draft that reads the cache at 8 bits with the target's weights is the target:
+    # acceptance 1. Every greedy output equals plain decoding on the 8-bit path, whatever
+    # the draft; GPTQ calibrates a scanned model through its unstacked layers.
+    config = lm.LMConfig(
+        vocab_size=259,
+        num_layers=1,
+        embed_dim=32,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        mlp_dim=64,
+        max_len=256,
+        scan_layers=True,
+    )
+    model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
+    prompts = {40: bench.filler_prompts(1, 40)}
+    rows = bench.acceptance_rows(
+        model,
+        params,
+        prompts,
+        ["kv8", "kv4+gptq-asym-16-all"],
+        gammas=[2, 3],
+        temperatures=[0.0],
+        new_tokens=12,
+        group_size=16,
+        calibration=bench.filler_prompts(2, 24, seed=1),
+        log=lambda m: None,
+    )
+    assert [(r["draft"], r["gamma"]) for r in rows] == [
+        (d, g) for d in ("kv8", "kv4+gptq-asym-16-all") for g in (2, 3)
+    ]
+    assert all(r["same_as_8bit"] for r in rows)
+    assert [r["acceptance"] for r in rows[:2]] == [1.0, 1.0]
+    assert all(1 <= r["tokens_per_round"] <= r["gamma"] + 1 for r in rows)
+    assert [r["tokens_per_round"] for r in rows[:2]] == [12 / 4, 12 / 3]  # 3 and 4 a round
+    assert "| kv4+gptq-asym-16-all | 40 | 2 |" in bench.acceptance_table(rows)
+    with pytest.raises(ValueError, match=r"draft 'kv4\+gptq-64': expected kv4 or kv8"):
+        bench.parse_draft("kv4+gptq-64")
+    assert bench.parse_draft("kv4+gptq-asym-32-all") == dict(
+        name="kv4+gptq-asym-32-all",
+        kv_bits=4,
+        method="gptq",
+        symmetric=False,
+        group=32,
+        layers="all",
+    )
+    with pytest.raises(SystemExit, match="--drafts: draft 'kv2'"):
+        bench.main(["--configs", "llama-2-7b", "--contexts", "4096", "--drafts", "kv2"])
