@@ -16,8 +16,8 @@ alone (the time for N tokens minus the time for one, which holds the prefill):
 tokens per round, the speedups, and whether the speculative tokens equal the 8-bit
 path's.
 
-With ``--drafts`` (and a model), the acceptance of draft variants, one prompt per
-``--prompt-lengths``, each ``--gammas`` and ``--temperatures`` (0: greedy): a draft is
+With ``--drafts`` (and a model), the acceptance of draft variants, ``--batch`` prompts
+per ``--prompt-lengths`` (decoded together), each ``--gammas`` and ``--temperatures`` (0: greedy): a draft is
 ``kv4`` or ``kv8`` (the cache read at 4 bits, QuantSpec's draft, or at 8 bits, the
 target's reading), optionally ``+<rtn|gptq>-<sym|asym>-<group>[-all]`` (INT4 weights
 rounded to nearest or with GPTQ, symmetric or with a minimum per group, the MLP or every
@@ -138,7 +138,12 @@ def measure(
     filler=None,
 ):
     weight_group = decoding.default_weight_group_size(model.config, weights)
-    draft = quantize_params(params, group_size=weight_group, layers=weights)
+    draft = quantize_params(
+        params,
+        group_size=weight_group,
+        layers=weights,
+        symmetric=decoding.DEFAULT_WEIGHT_SYMMETRIC,
+    )
     group_size = group_size or decoding.default_group_size(model.config)
     rows = []
     for length in prompt_lengths:
@@ -260,9 +265,9 @@ def acceptance_rows(
     stop_tokens=(),
     log=print,
 ):
-    """One row per draft, prompt length, gamma and temperature: the acceptance rate,
-    tokens per round, and (greedy) whether the output equals plain decoding on the 8-bit
-    path. ``prompts``: ``{length: int [1, length]}``."""
+    """One row per draft, prompt length, gamma and temperature: the acceptance rate and
+    tokens per round over the prompts' rows, and (greedy) whether every row's output
+    equals plain decoding on the 8-bit path. ``prompts``: ``{length: int [B, length]}``."""
     plain = {
         n: decoding.generate(
             model,
@@ -295,12 +300,13 @@ def acceptance_rows(
                 rng=jax.random.key(0) if temperature > 0 else None,
                 stop_tokens=stop_tokens,
             )
-            n = int(np.asarray(out.lengths)[0])
+            lengths = np.asarray(out.lengths)
             same = None
             if temperature == 0:
                 want = plain[length]
-                same = n == int(np.asarray(want.lengths)[0]) and np.array_equal(
-                    np.asarray(out.tokens)[0, :n], np.asarray(want.tokens)[0, :n]
+                same = np.array_equal(lengths, np.asarray(want.lengths)) and all(
+                    np.array_equal(np.asarray(out.tokens)[b, :n], np.asarray(want.tokens)[b, :n])
+                    for b, n in enumerate(lengths)
                 )
             rows.append(
                 dict(
@@ -309,8 +315,8 @@ def acceptance_rows(
                     gamma=gamma,
                     temperature=temperature,
                     acceptance=float(out.acceptance_rate),
-                    tokens_per_round=n / max(int(out.num_iterations), 1),
-                    new_tokens=n,
+                    tokens_per_round=float(lengths.mean()) / max(int(out.num_iterations), 1),
+                    new_tokens=int(lengths.sum()),
                     same_as_8bit=same,
                 )
             )
@@ -469,7 +475,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"--filler: {error}") from None
         group = args.group_size or decoding.default_group_size(model.config)
         if args.drafts:
-            prompts = {n: filler_prompts(1, n, 0, tokenizer, filler) for n in args.prompt_lengths}
+            prompts = {
+                n: filler_prompts(args.batch, n, 0, tokenizer, filler) for n in args.prompt_lengths
+            }
             rows, length = args.calibration
             calibration = filler_prompts(rows, length, 1, tokenizer, filler)
             accepted = acceptance_rows(
