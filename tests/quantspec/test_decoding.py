@@ -39,16 +39,8 @@ def test_greedy_self_speculation_equals_plain_decoding_across_flushes():
     plain = quantspec.generate(
         model, params, prompts, max_new_tokens=40, group_size=8, stop_tokens=(7,)
     )
-    spec = quantspec.speculative_generate(
-        model,
-        params,
-        prompts,
-        gamma=4,
-        max_new_tokens=40,
-        group_size=8,
-        weight_group_size=8,
-        stop_tokens=(7,),
-    )
+    settings = dict(gamma=4, max_new_tokens=40, group_size=8, stop_tokens=(7,))
+    spec = quantspec.speculative_generate(model, params, prompts, weight_group_size=8, **settings)
     np.testing.assert_array_equal(spec.lengths, plain.lengths)
     for row, n in enumerate(np.asarray(plain.lengths)):
         np.testing.assert_array_equal(spec.tokens[row, :n], plain.tokens[row, :n])
@@ -58,15 +50,7 @@ def test_greedy_self_speculation_equals_plain_decoding_across_flushes():
     # A draft that reads the cache at 8 bits with the target's weights is the target:
     # every draft is accepted (and the output is still plain decoding's).
     same = quantspec.speculative_generate(
-        model,
-        params,
-        prompts,
-        gamma=4,
-        max_new_tokens=40,
-        group_size=8,
-        draft_params=params,
-        draft_kv_bits=8,
-        stop_tokens=(7,),
+        model, params, prompts, draft_params=params, draft_kv_bits=8, **settings
     )
     assert float(same.acceptance_rate) == 1.0
     for row, n in enumerate(np.asarray(plain.lengths)):

@@ -47,7 +47,8 @@ def test_model_sources():
     assert lm.LMConfig(**dict(config.model)) == quantspec.PASSKEY_MODEL
 
 
-def test_measured_rows_on_a_tiny_model():
+def _tiny(**overrides):
+    """A one-layer byte-level model and its random parameters."""
     config = lm.LMConfig(
         vocab_size=259,
         num_layers=1,
@@ -57,8 +58,13 @@ def test_measured_rows_on_a_tiny_model():
         head_dim=16,
         mlp_dim=64,
         max_len=256,
+        **overrides,
     )
-    model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
+    return lm.Transformer(config), lm.init_params(config, jax.random.key(0))
+
+
+def test_measured_rows_on_a_tiny_model():
+    model, params = _tiny()
     (row,) = bench.measure(
         model, params, [40], new_tokens=6, gamma=2, group_size=8, batch=2, weights="mlp"
     )
@@ -81,18 +87,7 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys):
     # The draft that reads the cache at 8 bits with the target's weights is the target:
     # acceptance 1. Every greedy output equals plain decoding on the 8-bit path, whatever
     # the draft; GPTQ calibrates a scanned model through its unstacked layers.
-    config = lm.LMConfig(
-        vocab_size=259,
-        num_layers=1,
-        embed_dim=32,
-        num_heads=2,
-        num_kv_heads=2,
-        head_dim=16,
-        mlp_dim=64,
-        max_len=256,
-        scan_layers=True,
-    )
-    model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
+    model, params = _tiny(scan_layers=True)
     prompts = {40: bench.filler_prompts(1, 40)}
     rows = bench.acceptance_rows(
         model,
