@@ -195,8 +195,7 @@ def _packed(examples: Sequence[Example], embed_dim: int, first_position: int):
     query (what follows cannot change what the queries see), each at positions from
     ``first_position``, one segment id per example, the row right-padded to a multiple
     of ``ROW_BUCKET``. Returns ``[1, T]`` tokens, positions, ``[1, T, D]`` embeddings,
-    embedding mask, segment ids, and ``[1, Q]`` the queries predicting answer tokens
-    and which of them are real."""
+    embedding mask, segment ids, and ``[1, Q]`` the queries predicting answer tokens."""
     used = [_used(e) for e in examples]
     width = ROW_BUCKET * math.ceil(sum(used) / ROW_BUCKET)
     tokens = np.zeros((1, width), np.int32)
@@ -216,15 +215,7 @@ def _packed(examples: Sequence[Example], embed_dim: int, first_position: int):
     queries = np.concatenate(queries)
     if not queries.size:
         raise ValueError("no example of the chunk has an answer token after its first token")
-    return (
-        tokens,
-        positions,
-        embeddings,
-        embedded,
-        segments,
-        queries[None].astype(np.int32),
-        np.ones((1, queries.size), bool),
-    )
+    return tokens, positions, embeddings, embedded, segments, queries[None].astype(np.int32)
 
 
 # The model calls --------------------------------------------------------------------------
@@ -282,10 +273,9 @@ def _teacher(model, params, memory, tokens, positions, embeddings, embedded, pro
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
-def _student(model, params, memory, positions, hidden, probe, start, teacher, valid):
-    """The mean JS divergence to ``teacher`` of the answer distributions of the rows run
-    again from layer ``start`` (traced: one program for every layer), over the
-    ``valid`` queries."""
+def _student(model, params, memory, positions, hidden, probe, start, teacher):
+    """The mean JS divergence to ``teacher`` of the answer distributions of the examples
+    run again from layer ``start`` (traced: one program for every layer)."""
     logits, _ = model.apply(
         {"params": params},
         None,
@@ -295,8 +285,7 @@ def _student(model, params, memory, positions, hidden, probe, start, teacher, va
         start_layer=start,
         logits_at=probe,
     )
-    js = js_divergence(teacher, jax.nn.log_softmax(logits, axis=-1))
-    return jnp.sum(jnp.where(valid, js, 0.0)) / jnp.sum(valid)
+    return jnp.mean(js_divergence(teacher, jax.nn.log_softmax(logits, axis=-1)))
 
 
 def importance(
@@ -470,12 +459,13 @@ def _compress_chunk(model, params, memory, chunk, config, index):
 
     # The chunk's examples are fed again after it, packed in one row (each reads the
     # memory and itself only, as if alone).
-    rows, row_positions, row_embeddings, row_embedded, segments, probe, valid = _packed(
+    rows, row_positions, row_embeddings, row_embedded, segments, probe = _packed(
         chunk, cfg.embed_dim, first + length
     )
+    valid = np.ones(probe.shape, bool)  # every packed query predicts an answer token
     width = rows.shape[1]
     batch = combined.with_tail(cfg, width).packed(segments)
-    probe_j, valid_j = jnp.asarray(probe), jnp.asarray(valid)
+    probe_j = jnp.asarray(probe)
     teacher, inputs, probs = _teacher(
         model,
         params,
@@ -499,7 +489,6 @@ def _compress_chunk(model, params, memory, chunk, config, index):
                 probe_j,
                 jnp.int32(layer),
                 teacher,
-                valid_j,
             )
         )
 

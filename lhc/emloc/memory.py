@@ -142,7 +142,8 @@ class LayerwiseMemory:
         return memory, layers
 
     def finish_update(self, writer: _MemoryWriter, layers) -> LayerwiseMemory:
-        return self.replace(tail=self.tail.finish_update(writer.tail, layers))
+        # Packing (segment ids) holds for one call only.
+        return self.replace(tail=self.tail.finish_update(writer.tail, layers), segment_ids=None)
 
     # The memory itself --------------------------------------------------------------
 

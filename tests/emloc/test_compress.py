@@ -258,13 +258,14 @@ def test_packed_sequences_read_the_memory_as_if_each_had_a_row_of_its_own(params
     tokens = np.concatenate(sequences + [np.zeros(2, np.int32)])  # two padding tokens
     positions = np.concatenate([start + np.arange(s.size) for s in sequences] + [[-1, -1]])
     segments = np.concatenate([np.full(s.size, i) for i, s in enumerate(sequences)] + [[-1, -1]])
-    packed, _ = MODEL.apply(
+    packed, after = MODEL.apply(
         {"params": params},
         jnp.asarray(tokens[None]),
         jnp.asarray(positions[None], jnp.int32),
         memory.with_tail(CONFIG, tokens.size).packed(segments[None]),
     )
     np.testing.assert_allclose(packed[0, :14], np.concatenate(alone), rtol=1e-5, atol=1e-5)
+    assert after.segment_ids is None  # the packing held for that call only
     with pytest.raises(ValueError, match=r"segment_ids has shape \(1, 3\), the call's positions"):
         MODEL.apply(
             {"params": params},
