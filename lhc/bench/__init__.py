@@ -4,9 +4,10 @@ A benchmark is a function ``main(argv) -> dict`` in its package's ``bench.py`` (
 in ``BENCHMARKS``; ``lhc bench --list``). It builds its command line with ``parser``
 (which adds ``--json PATH``; ``add_model_source`` adds ``--checkpoint`` / ``--workdir``
 / ``--dtype`` for a language model), parses lists with ``int_list`` / ``float_list`` /
-``str_list`` (``index_list`` for ints that may be 0 or negative), times with ``best_time`` / ``timed`` / ``interleaved_best``, prints
-``markdown_table``\\s, and ends with ``finish(result, args)``: the ``footer`` line (device,
-JAX, date) and the JSON file.
+``str_list`` (``index_list`` for ints that may be 0 or negative), times with
+``best_time`` / ``timed`` / ``interleaved_best``, prints ``markdown_table``\\s (with a
+``wilson_interval`` for an accuracy), and ends with ``finish(result, args)``: the
+``footer`` line (device, JAX, date) and the JSON file.
 
 Timing follows one rule everywhere: a first call (compilation, warm-up) that is not
 timed, then the fastest of ``repeats`` calls, each waited for with
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -149,6 +151,60 @@ def restore_run(workdir: str, *, model_type: type | tuple[type, ...] | None = No
     return experiment, params, step
 
 
+# Resumable results -------------------------------------------------------------------
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """The records of a results file (one JSON object per line). A last line without its
+    newline (a write that an interruption cut short) is dropped from the file: that record
+    is made again."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{os.fspath(path)}:{number}: not a JSON record") from None
+    return records
+
+
+def append_records(path: str | os.PathLike, records: Sequence[dict | str]) -> None:
+    """Appends ``records`` (dicts, or lines of JSON) to the file at ``path``, one per
+    line, flushed to the disk before returning (its folder is made if missing)."""
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    if not lines:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# Statistics ---------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% at ``z=1.96``); (0, 1)
+    without trials."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = (
+        z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    )
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 # Timing -------------------------------------------------------------------------------
 
 
@@ -194,6 +250,24 @@ def interleaved_best(
             if between is not None:
                 between()
     return best
+
+
+def streaming_read(num_bytes: int = 2**30) -> Callable[[], float]:
+    """A timed jitted streaming read (a sum) of a ``num_bytes`` array: each call returns
+    the bytes per second of one read."""
+    import jax
+    import jax.numpy as jnp
+
+    data = jnp.ones((num_bytes // 4,), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(data).block_until_ready()
+
+    def read() -> float:
+        start = time.perf_counter()
+        total(data).block_until_ready()
+        return data.nbytes / (time.perf_counter() - start)
+
+    return read
 
 
 COMPILE_EVENTS = (

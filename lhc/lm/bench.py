@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -152,21 +151,6 @@ def measure(
     )
 
 
-def streaming_read(num_bytes: int = 2**30) -> Callable[[], float]:
-    """A timed jitted streaming read (a sum) of a ``num_bytes`` array: each call returns
-    the bytes per second of one read."""
-    data = jnp.ones((num_bytes // 4,), jnp.float32)
-    total = jax.jit(jnp.sum)
-    total(data).block_until_ready()
-
-    def read() -> float:
-        start = time.perf_counter()
-        total(data).block_until_ready()
-        return data.nbytes / (time.perf_counter() - start)
-
-    return read
-
-
 def _agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
     """Equal tokens overall, and the mean length of the equal prefix per row (greedy
     decodings that differ once, at a near-tie, differ after it too)."""
@@ -270,7 +254,7 @@ def compare_with_transformers(
     variants = [(layout, scan) for layout in kernel_layouts for scan in scan_layers]
     config, models, torch_model = _both_models(checkpoint, config, seed, variants)
     # The bandwidth is read between the timed runs too, so that it sees the same machine.
-    read = streaming_read(bandwidth_bytes)
+    read = bench.streaming_read(bandwidth_bytes)
     bandwidths = [read() for _ in range(repeats)]
     rows = []
     for batch_size in batch_sizes:

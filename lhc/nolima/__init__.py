@@ -14,7 +14,7 @@ needle takes the latent association, not a literal match::
 
 * ``lhc.nolima.needles``: the needle-set JSON format (the official set is the user's to
   download, under its research licence), lhc's own set, ROUGE-1 precision.
-* ``lhc.nolima.haystack``: shuffled snippets of text files, the literal-match filter,
+* ``lhc.data.haystack`` (re-exported here): shuffled snippets of text files, the literal-match filter,
   needles placed at depths measured in the model's tokens.
 * ``lhc.nolima.evaluate``: prompts (chat templates included), batched greedy
   generation, resumable JSON-lines results, the multiple-choice and distractor variants.
@@ -22,6 +22,14 @@ needle takes the latent association, not a literal match::
   heat maps and curves.
 """
 
+from lhc.data.haystack import (
+    Haystack,
+    Placement,
+    clean_lines,
+    filter_lines,
+    names_absent,
+    shuffled_haystack,
+)
 from lhc.nolima.evaluate import (
     DEFAULT_TASK_TEMPLATE,
     PromptFormat,
@@ -33,14 +41,6 @@ from lhc.nolima.evaluate import (
     model_generate,
     prompt_tokens,
     read_results,
-)
-from lhc.nolima.haystack import (
-    Haystack,
-    Placement,
-    clean_lines,
-    filter_lines,
-    names_absent,
-    shuffled_haystack,
 )
 from lhc.nolima.needles import (
     NeedleCase,

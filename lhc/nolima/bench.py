@@ -36,9 +36,9 @@ import jax
 import numpy as np
 
 from lhc import bench, lm
+from lhc.data.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
 from lhc.nolima import world as world_lib
 from lhc.nolima.evaluate import PromptFormat, evaluate
-from lhc.nolima.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
 from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases, sample_cases
 from lhc.nolima.scores import interval_table, plot, summary, table
 

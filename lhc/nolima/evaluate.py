@@ -29,8 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.bench import append_records
+from lhc.bench import read_records as read_results
+from lhc.data.haystack import Haystack
 from lhc.lm.tokenizers import render_chat_template
-from lhc.nolima.haystack import Haystack
 from lhc.nolima.needles import NeedleCase
 from lhc.nolima.scores import contains
 
@@ -182,28 +184,6 @@ def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[
         "needle_start": placement.needle_start,
         "distractor_depth": distractor_depth,
     }
-
-
-def read_results(path: str | os.PathLike) -> list[dict]:
-    """The records of a results file (one JSON object per line). A last line without its
-    newline (a write that an interruption cut short) is dropped from the file: that test
-    runs again."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ValueError(f"{os.fspath(path)}:{number}: not a JSON record") from None
-    return records
 
 
 # ``generate_fn(prompts, shared) -> responses``: token lists in, each response's tokens
@@ -398,7 +378,4 @@ def _write(batch, built, responses, tokenizer, haystacks, new, results_path) -> 
         }
         lines.append(json.dumps(record))
     if results_path:
-        with open(results_path, "a", encoding="utf-8") as handle:
-            handle.write("\n".join(lines) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_records(results_path, lines)

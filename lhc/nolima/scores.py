@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from lhc import plots
-from lhc.bench import markdown_table
+from lhc.bench import markdown_table, wilson_interval
 
 BASE_LENGTHS = (250, 500, 1000)
 
@@ -31,17 +31,6 @@ BASE_LENGTHS = (250, 500, 1000)
 def contains(response: str, answers: Sequence[str]) -> bool:
     """Whether ``response`` contains any of ``answers`` (case-sensitive)."""
     return any(answer in response for answer in answers)
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% at ``z=1.96``); (0, 1)
-    without trials."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
 
 
 def pair_scores(records: Iterable[Mapping]) -> dict[str, dict[int, float]]:

@@ -25,10 +25,10 @@ import dataclasses
 
 import numpy as np
 
+from lhc.data.haystack import Haystack
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.lm.tokenizers import ByteTokenizer
 from lhc.nolima.evaluate import PromptFormat, prompt_tokens
-from lhc.nolima.haystack import Haystack
 from lhc.nolima.needles import NeedleCase, NeedleSet, NeedleTest, fill
 from lhc.train.causal_lm import CausalLMTask
 from lhc.train.passkey_task import PasskeyTask, right_pad

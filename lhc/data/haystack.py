@@ -159,6 +159,45 @@ class Haystack:
             tokens.extend(line)
         return tokens[:num_tokens], starts
 
+    def insert(
+        self, lines: Sequence[tuple[float, str]], *, length: int
+    ) -> tuple[list[int], list[int]]:
+        """A context of exactly ``length`` tokens with each ``(depth, text)`` of ``lines``
+        as a line of its own at that depth; and where each inserted line starts.
+
+        A line goes to the first line start at or after ``round(depth * H)`` haystack
+        tokens (H = haystack tokens in the context); past the last line start, at the end
+        if the context ends with a whole line, else before the cut last line. Lines at the
+        same point keep their order.
+
+        Raises:
+            ValueError: a depth outside [0, 1]; lines that leave no room for haystack.
+        """
+        for depth, _ in lines:
+            if not 0.0 <= depth <= 1.0:
+                raise ValueError(f"depth must lie in [0, 1], got {depth}")
+        inserts = [(depth, self.tokenizer.encode(text + "\n")) for depth, text in lines]
+        budget = length - sum(len(ids) for _, ids in inserts)
+        if budget < 1:
+            raise ValueError(f"length {length} leaves no haystack tokens around the inserted lines")
+        tokens, starts = self.window(budget)
+        # Insertion points (haystack token offsets) are line starts, and the end when the
+        # window ends with a whole line: an inserted line never joins a cut line.
+        whole = sum(len(t) for t in self.line_tokens[: len(starts)]) == budget
+        points = []
+        for d, _ in inserts:
+            target = round(d * budget)
+            points.append(next((s for s in starts if s >= target), budget if whole else starts[-1]))
+        order = sorted(range(len(inserts)), key=lambda i: (points[i], i))
+        out, previous, where = [], 0, [0] * len(inserts)
+        for i in order:
+            out.extend(tokens[previous : points[i]])
+            previous = points[i]
+            where[i] = len(out)
+            out.extend(inserts[i][1])
+        out.extend(tokens[previous:])
+        return out, where
+
     def place(
         self,
         needle: str,
@@ -169,38 +208,18 @@ class Haystack:
         distractor_depth: float | None = None,
     ) -> Placement:
         """A context of exactly ``length`` tokens with ``needle`` as a line of its own at
-        ``depth`` (and ``distractor`` at ``distractor_depth``, if given).
+        ``depth`` (and ``distractor`` at ``distractor_depth``, if given; see ``insert``).
 
         Raises:
             ValueError: ``depth`` outside [0, 1]; a needle that leaves no room for haystack.
         """
-        for name, value in (("depth", depth), ("distractor_depth", distractor_depth)):
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1], got {value}")
-        needle_ids = self.tokenizer.encode(needle + "\n")
-        inserts = [(depth, needle_ids)]
+        lines = [(depth, needle)]
         if distractor is not None:
             if distractor_depth is None:
                 raise ValueError("a distractor needs distractor_depth")
-            inserts.append((distractor_depth, self.tokenizer.encode(distractor + "\n")))
-        budget = length - sum(len(ids) for _, ids in inserts)
-        if budget < 1:
-            raise ValueError(f"length {length} leaves no haystack tokens around the needle")
-        tokens, starts = self.window(budget)
-        # Insertion points (haystack token offsets) are line starts, and the end when the
-        # window ends with a whole line: a needle never joins a cut line.
-        whole = sum(len(t) for t in self.line_tokens[: len(starts)]) == budget
-        points = []
-        for d, _ in inserts:
-            target = round(d * budget)
-            points.append(next((s for s in starts if s >= target), budget if whole else starts[-1]))
-        order = sorted(range(len(inserts)), key=lambda i: (points[i], i))
-        out, previous, needle_start = [], 0, 0
-        for i in order:
-            out.extend(tokens[previous : points[i]])
-            previous = points[i]
-            if i == 0:
-                needle_start = len(out)
-            out.extend(inserts[i][1])
-        out.extend(tokens[previous:])
-        return Placement(out, needle_start, len(needle_ids), depth)
+            lines.append((distractor_depth, distractor))
+        elif distractor_depth is not None and not 0.0 <= distractor_depth <= 1.0:
+            raise ValueError(f"distractor_depth must lie in [0, 1], got {distractor_depth}")
+        tokens, where = self.insert(lines, length=length)
+        needle_len = len(self.tokenizer.encode(needle + "\n"))
+        return Placement(tokens, where[0], needle_len, depth)
