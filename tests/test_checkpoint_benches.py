@@ -4,6 +4,8 @@ tokenizer and a chat template, in each bench's smallest setting. What each bench
 measures is tested with its own package; this checks the checkpoint reaches it with
 its tokenizer."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -90,3 +92,30 @@ def test_a_missing_checkpoint_is_one_line(tmp_path):
     for main, front in ((emloc_bench.main, []), (icl_bench.main, ["vectors"])):
         with pytest.raises(SystemExit, match="--checkpoint: checkpoint '.*missing': no such"):
             main([*front, "--checkpoint", str(tmp_path / "missing")])
+
+
+def test_rapid_fact_questions_resume_after_a_stop(checkpoint, tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("\n".join(["the quick brown fox jumps over the lazy dog today"] * 200))
+    results = tmp_path / "results.jsonl"
+    flags = (
+        f"--haystack {book} --results {results} --context-lengths 160 --samples 2 "
+        "--facts-per-context 2 --new-tokens 3 --gamma 2 --etas 0 --chunk-size 32 --min-budget 64"
+    ).split()
+    first = rapid_bench.main(["--checkpoint", checkpoint, *flags])
+    # One prefill, 2 question sets x 3 methods (accuracy), 3 methods on set 0 (speed).
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(records) == 1 + 2 * 3 + 3 == len(first["records"])
+    rows = {row["method"]: row for row in first["summary"]}
+    assert list(rows) == ["target", "rag", "rapid eta=0"]
+    assert all(row["questions"] == 4 and row["tokens_per_s"] > 0 for row in rows.values())
+    assert 0 <= rows["rapid eta=0"]["acceptance"] <= 1
+    # A stop: the last two records lost, the one before cut mid-line.
+    lines = results.read_text().splitlines(keepends=True)
+    results.write_text("".join(lines[:-3]) + lines[-3][:20])
+    again = rapid_bench.main(["--checkpoint", checkpoint, *flags])
+    redone = [json.loads(line) for line in results.read_text().splitlines()]
+    key = lambda r: (r["pass"], r["method"], r.get("set"))  # noqa: E731
+    assert [key(r) for r in redone] == [key(r) for r in records]
+    assert [r["correct"] for r in redone[1:]] == [r["correct"] for r in records[1:]]
+    assert len(again["records"]) == len(records)
