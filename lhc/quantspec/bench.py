@@ -7,14 +7,16 @@ and a verification pass read, and the predicted speedup at ``--acceptance`` with
 
 Then, with ``--workdir`` (a model trained by ``lhc train``, e.g.
 ``configs/quantspec_passkey.py``), ``--checkpoint`` or ``--random`` (random weights of
-that config's shape, ``lhc.quantspec.PASSKEY_MODEL``), for each ``--prompt-lengths``: ``--batch``
-prompts of generated filler text, greedy decoding of ``--new-tokens`` three ways in the
-same process, each timed after an untimed warm-up call of the same shapes, decoding
-alone (the time for N tokens minus the time for one, which holds the prefill):
-``lhc.lm.generate`` on a full-precision cache (the baseline), ``quantspec.generate``
-(the 8-bit target path) and ``quantspec.speculative_generate``; the acceptance rate,
-tokens per round, the speedups, and whether the speculative tokens equal the 8-bit
-path's.
+that config's shape, ``lhc.quantspec.PASSKEY_MODEL``), for each ``--prompt-lengths``:
+``--batch`` prompts of generated filler text or of ``--filler`` text files, prefilled once
+per kind of cache (untimed), then greedy decoding of ``--new-tokens`` from a copy of that
+cache three ways, each timed after an untimed call of the same shapes:
+``lhc.lm.generate`` on a full-precision cache (the baseline), ``quantspec.generate``'s
+8-bit target path and ``quantspec.speculative_generate``; the acceptance rate, tokens per
+round, the speedups, and whether the speculative tokens equal the 8-bit path's. Then one
+step of each path alone (full precision, 8-bit, a draft step on the 4-bit view with the
+draft's weights, a verification of gamma + 1 tokens) and the full-precision step's bytes
+(the traffic model in this model's dtype) against a streaming read measured in the run.
 
 With ``--drafts`` (and a model), the acceptance of draft variants, ``--batch`` prompts
 per ``--prompt-lengths`` (decoded together), each ``--gammas`` and ``--temperatures`` (0: greedy): a draft is
@@ -49,7 +51,7 @@ import numpy as np
 from lhc import bench, lm
 from lhc.quantspec import decoding, traffic
 from lhc.quantspec.gptq import calibrate
-from lhc.quantspec.weights import quantize_params
+from lhc.quantspec.weights import dequantize_params, quantize_params
 
 
 def traffic_rows(configs, contexts, *, gamma: int, acceptance: float, group_size: int = 128):
@@ -124,6 +126,37 @@ def filler_prompts(batch: int, length: int, seed: int = 0, tokenizer=None, fille
     return np.stack([source.tokens(tokenizer, rng, length) for _ in range(batch)]).astype(np.int32)
 
 
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=4)
+def _forward(model, params, tokens, positions, cache):
+    """One call of ``model`` on ``tokens [B, T]`` appended to ``cache`` (donated)."""
+    logits, cache = model.apply({"params": params}, tokens, positions, cache)
+    return logits, cache
+
+
+def _prefilled(model, params, tokens, capacity: int, chunk: int):
+    cache = lm.decoding.empty_cache(model, tokens.shape[0], capacity)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    _, cache = lm.decoding.prefill(
+        model, params, jnp.asarray(tokens), positions, cache, chunk_size=chunk
+    )
+    return jax.block_until_ready(cache)
+
+
+def _step_seconds(model, params, cache, start: int, tokens: int, repeats: int, view=None) -> float:
+    """The fastest of ``repeats`` calls appending ``tokens`` tokens at ``start`` to a
+    copy of ``cache`` (read through ``view``), after one untimed call."""
+    batch = cache.lengths.shape[0]
+    ids = jnp.ones((batch, tokens), jnp.int32)
+    positions = jnp.broadcast_to(start + jnp.arange(tokens), (batch, tokens))
+    call = lambda c: _forward(model, params, ids, positions, c)  # noqa: E731
+    return bench.timed(call, repeats, prepare=_copier(cache if view is None else view(cache)))[0]
+
+
+def _copier(cache):
+    """``prepare`` of ``lhc.bench.timed``: a fresh copy of a cache that calls donate."""
+    return lambda: (jax.tree.map(jnp.copy, cache),)
+
+
 def measure(
     model,
     params,
@@ -136,7 +169,14 @@ def measure(
     weights,
     tokenizer=None,
     filler=None,
+    repeats: int = 2,
 ):
+    """Per prompt length: decoding ``new_tokens`` from a prefilled cache three ways
+    (full precision, the 8-bit target path, speculative), each prompt prefilled once
+    per kind of cache (untimed) and every timed call made on a copy of it; one step of
+    each path alone (a full-precision step, an 8-bit step, a draft step on the 4-bit
+    view with the draft's weights, a verification of gamma + 1 tokens), and the bytes the
+    traffic model says each must read (this model's dtype) over the time it took."""
     weight_group = decoding.default_weight_group_size(model.config, weights)
     draft = quantize_params(
         params,
@@ -144,54 +184,84 @@ def measure(
         layers=weights,
         symmetric=decoding.DEFAULT_WEIGHT_SYMMETRIC,
     )
+    draft_weights = dequantize_params(draft)  # what a draft step reads, per round
     group_size = group_size or decoding.default_group_size(model.config)
+    qmodel = decoding.quantspec_model(model, group_size=group_size)
+    size = traffic.size_of_config(model.config)
+    itemsize = jnp.dtype(model.config.dtype).itemsize
+    read = bench.streaming_read(2**28)
     rows = []
     for length in prompt_lengths:
         prompts = filler_prompts(batch, length, tokenizer=tokenizer, filler=filler)
-        runs = {
-            "fp": functools.partial(lm.generate, model, params, prompts, prefill_chunk=512),
-            "int8": functools.partial(
-                decoding.generate, model, params, prompts, group_size=group_size
-            ),
-            "spec": functools.partial(
-                decoding.speculative_generate,
+        head, last = prompts[:, :-1], prompts[:, -1:]
+        capacity = length + new_tokens + 2 * gamma + 2
+        caches = {
+            "fp": _prefilled(model, params, head, capacity, 512),
+            "quant": _prefilled(qmodel, params, head, capacity, group_size),
+        }
+
+        def generate(m, last=last):
+            return lambda cache: lm.generate(
+                m, params, last, max_new_tokens=new_tokens, cache=cache, prefill_chunk=group_size
+            )
+
+        def speculative(cache, last=last):
+            return decoding.speculative_generate(
                 model,
                 params,
-                prompts,
+                last,
                 gamma=gamma,
                 group_size=group_size,
                 draft_params=draft,
-            ),
-        }
+                max_new_tokens=new_tokens,
+                target_cache=cache,
+            )
+
+        runs = {"fp": ("fp", generate(model)), "int8": ("quant", generate(qmodel))}
+        runs["spec"] = ("quant", speculative)
         seconds, outs = {}, {}
-        for name, run in runs.items():
-            # Decoding alone: N new tokens minus 1 (the prefill and the first token).
-            whole, outs[name] = bench.timed(functools.partial(run, max_new_tokens=new_tokens), 3)
-            first = bench.best_time(functools.partial(run, max_new_tokens=1), 3)
-            seconds[name] = max(whole - first, 1e-9)
-        base_s, int8_s, spec_s = seconds["fp"], seconds["int8"], seconds["spec"]
+        for name, (kind, run) in runs.items():
+            seconds[name], outs[name] = bench.timed(run, repeats, prepare=_copier(caches[kind]))
+        start = length - 1
+        steps = {
+            "fp_step_s": _step_seconds(model, params, caches["fp"], start, 1, repeats),
+            "int8_step_s": _step_seconds(qmodel, params, caches["quant"], start, 1, repeats),
+            "draft_step_s": _step_seconds(
+                qmodel, draft_weights, caches["quant"], start, 1, repeats, view=lambda c: c.draft()
+            ),
+            "verify_s": _step_seconds(qmodel, params, caches["quant"], start, gamma + 1, repeats),
+        }
+        caches.clear()
+        bandwidth = max(read() for _ in range(3))
         plain, spec = outs["int8"], outs["spec"]
         n = np.asarray(plain.lengths)
         same = all(
             np.array_equal(np.asarray(spec.tokens)[b, : n[b]], np.asarray(plain.tokens)[b, : n[b]])
             for b in range(batch)
         )
-        generated = float(batch * (new_tokens - 1))  # the decoded tokens timed
+        # The traffic model's bytes at 16 bits, scaled to this model's weights and cache.
+        ideal = traffic.step_bytes(size, length, group_size=group_size, weights=weights)
+        fp_bytes = ideal["ar"] * itemsize / 2
+        generated = float(batch * new_tokens)
         rows.append(
             dict(
                 prompt=length,
                 batch=batch,
                 new_tokens=new_tokens,
                 gamma=gamma,
-                fp_tok_s=generated / base_s,
-                int8_tok_s=generated / int8_s,
-                spec_tok_s=generated / spec_s,
+                fp_tok_s=generated / seconds["fp"],
+                int8_tok_s=generated / seconds["int8"],
+                spec_tok_s=generated / seconds["spec"],
                 acceptance=float(spec.acceptance_rate),
                 tokens_per_round=float(np.asarray(spec.lengths).mean())
                 / max(int(spec.num_iterations), 1),
-                speedup_vs_fp=base_s / spec_s,
-                speedup_vs_int8=int8_s / spec_s,
+                speedup_vs_fp=seconds["fp"] / seconds["spec"],
+                speedup_vs_int8=seconds["int8"] / seconds["spec"],
                 same_tokens=same,
+                **steps,
+                fp_step_bytes=fp_bytes,
+                fp_bandwidth_fraction=fp_bytes / steps["fp_step_s"] / bandwidth,
+                bandwidth_gbps=bandwidth / 1e9,
             )
         )
     return rows
@@ -206,7 +276,25 @@ def measured_table(rows) -> str:
         ("speedup vs 8-bit", "speedup_vs_int8", ".2fx"),
         ("same tokens as 8-bit", "same_tokens"),
     ]  # fmt: skip
-    return bench.markdown_table(columns, rows)
+    steps = [
+        ("prompt", "prompt"), ("full step ms", "fp_step_s", _ms), ("8-bit step ms", "int8_step_s", _ms),
+        ("draft step ms", "draft_step_s", _ms), ("verify ms", "verify_s", _ms),
+        ("full step bytes (model)", "fp_step_bytes", _mb),
+        ("of the streaming read", "fp_bandwidth_fraction", "%"),
+    ]  # fmt: skip
+    return (
+        bench.markdown_table(columns, rows)
+        + "\n\none step of each path alone (batch as above):\n"
+        + bench.markdown_table(steps, rows)
+    )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def _mb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e6:.0f} MB"
 
 
 def parse_draft(spec: str) -> dict:

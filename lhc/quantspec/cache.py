@@ -278,37 +278,47 @@ class QuantSpecCache(InOrderSlots):
     # The per-layer interface.
 
     def _flush(self, limit: jax.Array) -> tuple[dict, jax.Array]:
-        """Quantizes, group by group, the slots from ``quantized`` up to ``limit``."""
-        g, ring = self.group_size, self.ring_size
+        """Quantizes, group by group, the slots from ``quantized`` up to ``limit``; a
+        group's work runs only when some sequence has a group due (``lax.cond``: most
+        decoding steps have none)."""
         store, quantized = dict(self.store), self.quantized
-        rows = jnp.arange(quantized.shape[0])[:, None]
         for _ in range(2):  # calls of at most G tokens: at most two groups are due
             due = quantized < limit  # [B]
-            slots = quantized[:, None] + jnp.arange(g, dtype=jnp.int32)[None, :]  # [B, G]
-            entries = jnp.mod(slots, ring)
-            # [L, B, K, G, H] from the ring, in f32
-            keys = store["ring_k"][:, rows, :, entries].astype(jnp.float32)
-            values = store["ring_v"][:, rows, :, entries].astype(jnp.float32)
-            # The gather puts the [B, G] index dims first: [B, G, L, K, H] -> [L, B, K, G, H]
-            keys, values = (jnp.transpose(x, (2, 0, 3, 1, 4)) for x in (keys, values))
-            qk = quantize(keys, group_axis=3, group_size=g)
-            qv = quantize(values, group_axis=4, group_size=g)
-            out = jnp.where(due[:, None], slots, self.capacity)  # dropped where not due
-            group = jnp.where(due, quantized // g, self.capacity // g)[:, None]
-            for name, x, at in (
-                ("k_upper", qk.upper, out),
-                ("k_lower", qk.lower, out),
-                ("v_upper", qv.upper, out),
-                ("v_lower", qv.lower, out),
-                ("k_scale", qk.scale, group),
-                ("k_min", qk.minimum, group),
-                ("v_scale", qv.scale, out),
-                ("v_min", qv.minimum, out),
-            ):
-                update = jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype)
-                store[name] = store[name].at[:, rows, :, at].set(update, mode="drop")
-            quantized = quantized + g * due
+            store = jax.lax.cond(
+                jnp.any(due), self._flush_group, lambda store, *_: store, store, quantized, due
+            )
+            quantized = quantized + self.group_size * due
         return store, quantized
+
+    def _flush_group(self, store: dict, quantized: jax.Array, due: jax.Array) -> dict:
+        """``store`` with the group at slot ``quantized`` quantized where ``due``."""
+        g, ring = self.group_size, self.ring_size
+        store = dict(store)
+        rows = jnp.arange(quantized.shape[0])[:, None]
+        slots = quantized[:, None] + jnp.arange(g, dtype=jnp.int32)[None, :]  # [B, G]
+        entries = jnp.mod(slots, ring)
+        # [L, B, K, G, H] from the ring, in f32
+        keys = store["ring_k"][:, rows, :, entries].astype(jnp.float32)
+        values = store["ring_v"][:, rows, :, entries].astype(jnp.float32)
+        # The gather puts the [B, G] index dims first: [B, G, L, K, H] -> [L, B, K, G, H]
+        keys, values = (jnp.transpose(x, (2, 0, 3, 1, 4)) for x in (keys, values))
+        qk = quantize(keys, group_axis=3, group_size=g)
+        qv = quantize(values, group_axis=4, group_size=g)
+        out = jnp.where(due[:, None], slots, self.capacity)  # dropped where not due
+        group = jnp.where(due, quantized // g, self.capacity // g)[:, None]
+        for name, x, at in (
+            ("k_upper", qk.upper, out),
+            ("k_lower", qk.lower, out),
+            ("v_upper", qv.upper, out),
+            ("v_lower", qv.lower, out),
+            ("k_scale", qk.scale, group),
+            ("k_min", qk.minimum, group),
+            ("v_scale", qv.scale, out),
+            ("v_min", qv.minimum, out),
+        ):
+            update = jnp.transpose(x, (1, 3, 0, 2, 4)).astype(store[name].dtype)
+            store[name] = store[name].at[:, rows, :, at].set(update, mode="drop")
+        return store
 
     def begin_update(self, positions: jax.Array) -> tuple[_QuantWriter, dict]:
         g, length = self.group_size, positions.shape[1]

@@ -70,7 +70,22 @@ def test_measured_rows_on_a_tiny_model():
     )
     assert row["same_tokens"] and 0 <= row["acceptance"] <= 1
     assert 1 <= row["tokens_per_round"] <= 3
-    assert "| 40 |" in bench.measured_table([row])
+    steps = ("fp_step_s", "int8_step_s", "draft_step_s", "verify_s")
+    assert all(row[k] > 0 for k in steps) and row["bandwidth_gbps"] > 0
+    # f32 weights and cache: 4 bytes per linear weight and per cached key/value element.
+    config = model.config
+    linear = (
+        config.num_layers
+        * (
+            config.embed_dim * config.head_dim * 2 * (config.num_heads + config.num_kv_heads)
+            + 3 * config.embed_dim * config.mlp_dim
+        )
+        + config.embed_dim * config.vocab_size
+    )
+    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 40
+    assert row["fp_step_bytes"] == 4 * (linear + kv)
+    table = bench.measured_table([row])
+    assert "| 40 |" in table and "one step of each path alone" in table
 
 
 def test_kernel_rows_on_this_cpu_time_the_xla_reference():
