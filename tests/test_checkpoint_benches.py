@@ -119,3 +119,13 @@ def test_rapid_fact_questions_resume_after_a_stop(checkpoint, tmp_path):
     assert [key(r) for r in redone] == [key(r) for r in records]
     assert [r["correct"] for r in redone[1:]] == [r["correct"] for r in records[1:]]
     assert len(again["records"]) == len(records)
+
+
+def test_rapid_fact_questions_bad_input_is_one_line(checkpoint, tmp_path):
+    flags = ["--checkpoint", checkpoint, "--context-lengths", "160"]
+    with pytest.raises(SystemExit, match="--haystack .*: haystack paths: .* is not a file"):
+        rapid_bench.main([*flags, "--haystack", str(tmp_path / "missing.txt")])
+    book = tmp_path / "book.txt"
+    book.write_text("a line of the book, long enough to be kept\n" * 50)
+    with pytest.raises(SystemExit, match=r"count must lie in \[1, 40\] .*got 63"):
+        rapid_bench.main([*flags, "--haystack", str(book), "--samples", "21"])

@@ -222,14 +222,17 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
     prefix, separator, suffix = chat
     records = bench.read_records(args.results) if args.results else []
     done = {(r["length"], r["pass"], r["method"], r.get("set")) for r in records}
-    facts = fact_contexts(
-        args.haystack,
-        tokenizer,
-        args.context_lengths,
-        num_contexts=args.samples,
-        facts_per_context=args.facts_per_context,
-        seed=args.seed,
-    )
+    try:
+        facts = fact_contexts(
+            args.haystack,
+            tokenizer,
+            args.context_lengths,
+            num_contexts=args.samples,
+            facts_per_context=args.facts_per_context,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise SystemExit(f"--haystack / --samples / --facts-per-context: {error}") from None
     common = (loaded.model, loaded.params, loaded.model, loaded.params, args.etas, None, [])
     passes = {
         "accuracy": methods_for(*common, args.gamma, stop_tokens=loaded.stop_tokens),
