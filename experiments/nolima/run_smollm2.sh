@@ -21,15 +21,7 @@ LENGTHS=${LENGTHS:-250,500,1000,2000,4000}
 LONG=${LONG:-7680}
 mkdir -p "$OUT"
 HAYSTACK=${HAYSTACK:-$OUT/kjv.txt}
-if [ ! -s "$HAYSTACK" ]; then
-  work=$(mktemp -d)
-  (cd "$work" && apt-get download bible-kjv bible-kjv-text >/dev/null)
-  for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
-  "$work/root/usr/bin/bible" -p "$work/root/usr/lib" -l 100000 "gen1:1-rev22:21" \
-    | sed -E 's/^ *[0-9]+ //' | grep -Ev '^(([0-9] )?[A-Z][A-Za-z ]+ [0-9]+)?$' >"$HAYSTACK.part"
-  mv "$HAYSTACK.part" "$HAYSTACK"
-  rm -rf "$work"
-fi
+"$(dirname "$0")/../kjv_text.sh" "$HAYSTACK"
 sweep() {  # sweep LENGTHS DEPTHS NAME
   lhc bench nolima --checkpoint "$MODEL" --dtype float32 --haystack "$HAYSTACK" --shuffle 4000 \
     --filter --pairs "$PAIRS" --seed "$SEED" --lengths "$1" --depths "$2" \

@@ -14,15 +14,7 @@ LENGTHS=${LENGTHS:-2048,4096,7936}
 SEED=${SEED:-0}
 mkdir -p "$OUT"
 HAYSTACK=${HAYSTACK:-$OUT/kjv.txt}
-if [ ! -s "$HAYSTACK" ]; then
-  work=$(mktemp -d)
-  (cd "$work" && apt-get download bible-kjv bible-kjv-text >/dev/null)
-  for deb in "$work"/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
-  "$work/root/usr/bin/bible" -p "$work/root/usr/lib" -l 100000 "gen1:1-rev22:21" \
-    | sed -E 's/^ *[0-9]+ //' | grep -Ev '^(([0-9] )?[A-Z][A-Za-z ]+ [0-9]+)?$' >"$HAYSTACK.part"
-  mv "$HAYSTACK.part" "$HAYSTACK"
-  rm -rf "$work"
-fi
+"$(dirname "$0")/../kjv_text.sh" "$HAYSTACK"
 lhc bench rapid --checkpoint "$MODEL" --dtype float32 --haystack "$HAYSTACK" \
   --context-lengths "$LENGTHS" --samples 10 --facts-per-context 3 --seed "$SEED" \
   --new-tokens 64 --gamma 10 --etas 0,5,10,20 --chunk-size 128 --min-budget 512 --ratio 24 \
