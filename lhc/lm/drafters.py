@@ -5,7 +5,9 @@
 
 A drafter has ``prefill`` (its state after the prompts), ``propose`` (a ``DraftProposal``
 each round) and ``commit`` (the state after the verifier kept a prefix);
-``speculative_generate`` calls them.
+``speculative_generate`` calls them. A drafter whose class sets ``in_target_cache =
+True`` drafts in the target's cache and is fed at the target's positions; any other
+reads its own prompts from position 0.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ class SelfDrafter:
     draft_view: Any = None
     target_view: Any = None
     prepare_params: Any = None
+
+    in_target_cache = True  # fed at the target's positions (a class attribute)
 
     @property
     def config(self):

@@ -417,8 +417,12 @@ def _speculative_loop(
     )
     offsets = jnp.arange(num_draft + 1, dtype=jnp.int32)
     buffer_len = max_new_tokens + num_draft + 1
-    # The drafter feeds its pending token at its own position (its prompt may differ).
-    draft_shift = draft_lengths - (start + prompt_lengths)
+    # The drafter feeds its pending token at its own position (its prompt may differ),
+    # one that drafts in the target's cache at the target's (after a ``target_cache`` too).
+    if getattr(drafter, "in_target_cache", False):
+        draft_shift = jnp.zeros_like(prompt_lengths)
+    else:
+        draft_shift = draft_lengths - (start + prompt_lengths)
 
     def body(state: _LoopState) -> _LoopState:
         pending, position, done = state.pending, state.position, state.done

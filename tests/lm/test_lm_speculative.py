@@ -324,3 +324,32 @@ def test_continuing_from_a_prefilled_target_cache():
             num_draft=3,
             target_cache=cache,
         )
+
+
+def test_a_self_drafter_continuing_a_prefilled_cache_drafts_at_the_target_positions():
+    """Drafting in the target's own cache with the target's weights proposes exactly the
+    target's tokens: every draft is accepted, after a prefilled ``target_cache`` too
+    (the drafts are fed at the cache's positions, not from 0)."""
+    from lhc.lm.speculative import SelfDrafter
+
+    target_params = random_params(TARGET, scale=0.5)
+    target = lm.Transformer(TARGET)
+    context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
+    questions = [[11, 13, 2], [6, 9, 30]]
+    whole = [c + q for c, q in zip(context, questions)]
+    want = lm.generate(target, target_params, whole, max_new_tokens=9)
+    cache = target.init_cache(2, 40)
+    positions = np.broadcast_to(np.arange(7), (2, 7))
+    _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
+    got = speculative_generate(
+        target,
+        target_params,
+        SelfDrafter(target),
+        target_params,
+        questions,
+        max_new_tokens=9,
+        num_draft=3,
+        target_cache=cache,
+    )
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    assert float(got.acceptance_rate) == 1.0
