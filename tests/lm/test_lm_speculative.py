@@ -287,19 +287,24 @@ def test_a_verifier_variant_changes_only_what_it_overrides():
     np.testing.assert_array_equal(tokens[:, :3], np.asarray(drafts_only.tokens)[:, :3])
 
 
+def _context_prefilled(target, target_params, questions):
+    """``(questions, whole prompts, their greedy 9 tokens, a cache of the shared context)``."""
+    context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
+    whole = [c + q for c, q in zip(context, questions)]
+    want = lm.generate(target, target_params, whole, max_new_tokens=9)
+    cache = target.init_cache(2, 40)
+    positions = np.broadcast_to(np.arange(7), (2, 7))
+    _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
+    return questions, whole, want, cache
+
+
 def test_continuing_from_a_prefilled_target_cache():
     """A shared context prefilled once, the rest of each prompt appended by the loop: the
     same tokens as speculating on the whole prompts, and as greedy generation."""
     target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
     draft_params = _perturbed(target_params, 2, 0.1)
-    context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
-    questions = [[11, 13, 2], [6, 9]]
-    whole = [c + q for c, q in zip(context, questions)]
-    want = lm.generate(target, target_params, whole, max_new_tokens=9)
-    cache = target.init_cache(2, 40)
-    positions = np.broadcast_to(np.arange(7), (2, 7))
-    _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
+    questions, whole, want, cache = _context_prefilled(target, target_params, [[11, 13, 2], [6, 9]])
     got = speculative_generate(
         target,
         target_params,
@@ -334,13 +339,7 @@ def test_a_self_drafter_continuing_a_prefilled_cache_drafts_at_the_target_positi
 
     target_params = random_params(TARGET, scale=0.5)
     target = lm.Transformer(TARGET)
-    context = [[3, 9, 27, 17, 51, 25, 8], [5, 1, 2, 7, 60, 33, 4]]
-    questions = [[11, 13, 2], [6, 9, 30]]
-    whole = [c + q for c, q in zip(context, questions)]
-    want = lm.generate(target, target_params, whole, max_new_tokens=9)
-    cache = target.init_cache(2, 40)
-    positions = np.broadcast_to(np.arange(7), (2, 7))
-    _, cache = lm.prefill(target, target_params, np.asarray(context), positions, cache)
+    questions, _, want, cache = _context_prefilled(target, target_params, [[11, 13, 2], [6, 9, 30]])
     got = speculative_generate(
         target,
         target_params,
