@@ -14,8 +14,8 @@ needle takes the latent association, not a literal match::
 
 * ``lhc.nolima.needles``: the needle-set JSON format (the official set is the user's to
   download, under its research licence), lhc's own set, ROUGE-1 precision.
-* ``lhc.data.haystack`` (re-exported here): shuffled snippets of text files, the literal-match filter,
-  needles placed at depths measured in the model's tokens.
+* ``lhc.data.haystack`` (re-exported here): shuffled snippets of text files, the
+  literal-match filter, needles placed at depths measured in the model's tokens.
 * ``lhc.nolima.evaluate``: prompts (chat templates included), batched greedy
   generation, resumable JSON-lines results, the multiple-choice and distractor variants.
 * ``lhc.nolima.scores``: "contains", base score, effective length, normalized score,

@@ -200,9 +200,19 @@ def measure(
             "quant": _prefilled(qmodel, params, head, capacity, group_size),
         }
 
-        def generate(m, last=last):
-            return lambda cache: lm.generate(
-                m, params, last, max_new_tokens=new_tokens, cache=cache, prefill_chunk=group_size
+        def plain(cache, last=last):
+            return lm.generate(
+                model,
+                params,
+                last,
+                max_new_tokens=new_tokens,
+                cache=cache,
+                prefill_chunk=group_size,
+            )
+
+        def eight_bit(cache, last=last):
+            return decoding.generate(
+                model, params, last, max_new_tokens=new_tokens, cache=cache, group_size=group_size
             )
 
         def speculative(cache, last=last):
@@ -217,8 +227,7 @@ def measure(
                 target_cache=cache,
             )
 
-        runs = {"fp": ("fp", generate(model)), "int8": ("quant", generate(qmodel))}
-        runs["spec"] = ("quant", speculative)
+        runs = {"fp": ("fp", plain), "int8": ("quant", eight_bit), "spec": ("quant", speculative)}
         seconds, outs = {}, {}
         for name, (kind, run) in runs.items():
             seconds[name], outs[name] = bench.timed(run, repeats, prepare=_copier(caches[kind]))
