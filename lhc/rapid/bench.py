@@ -542,10 +542,7 @@ def run_setup(config, repeats: int) -> dict[str, Any]:
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = [a for a in argv if a.startswith("--config.")]
-    argv = [a for a in argv if not a.startswith("--config.")]
+def _parser():
     parser = bench.parser("rapid", __doc__)
     parser.add_argument("--setup", default=None, help="configs/rapid_llama.py:NAME")
     bench.add_model_source(
@@ -585,48 +582,15 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.setup is not None:
-        from lhc.train.config import load_config
+    return parser
 
-        return bench.finish(run_setup(load_config(args.setup, overrides), args.repeats), args)
-    if overrides:
-        raise SystemExit(f"{overrides[0]}: --config.KEY=VALUE overrides go with --setup")
-    lengths = args.context_lengths
-    max_len = max(lengths) + 1024
-    loaded = _load(args, max_len, args.seed)
+
+def passkey_sweep(args, loaded, retrieval, methods, chat) -> dict:
+    """The passkey sweep (no ``--haystack``): per context length, ``args.samples``
+    passkey contexts prefilled once, every method decoded from them; prints the table."""
     target, params, tokenizer = loaded.model, loaded.params, loaded.tokenizer
-    upward = None
-    if args.draft_workdir or args.draft_checkpoint:
-        draft_source = argparse.Namespace(
-            checkpoint=args.draft_checkpoint, workdir=args.draft_workdir, dtype=args.dtype
-        )
-        large = _load(draft_source, max_len, args.seed)
-        upward = (large.model, large.params)
-    retrieval = RetrievalConfig(
-        chunk_size=args.chunk_size,
-        min_budget=args.min_budget,
-        ratio=args.ratio,
-        threshold=args.threshold,
-    )
-    methods = methods_for(
-        target,
-        params,
-        target,
-        params,
-        args.etas,
-        upward,
-        args.upward_etas,
-        args.gamma,
-        stop_tokens=loaded.stop_tokens,
-    )
+    prefix, separator, suffix = chat
     byte_tokens = isinstance(tokenizer, lm.ByteTokenizer)
-    prefix, separator, suffix = ([], [], []) if byte_tokens else chat_parts(tokenizer)
-    if args.haystack:
-        if args.facts_per_context < 1:
-            raise SystemExit(f"--facts-per-context must be >= 1, got {args.facts_per_context}")
-        chat = (prefix, separator, suffix)
-        return bench.finish(fact_sweep(args, loaded, retrieval, chat), args)
 
     def correct(tokens, answer):  # the key's tokens first; a chat model's reply may word it
         if byte_tokens:
@@ -634,7 +598,7 @@ def main(argv: list[str] | None = None) -> dict:
         return tokenizer.decode(answer) in tokenizer.decode([int(t) for t in tokens])
 
     results = {}
-    for length in lengths:
+    for length in args.context_lengths:
         contexts, questions, answers = passkey_questions(
             length, args.samples, seed=args.seed, tokenizer=tokenizer
         )
@@ -671,4 +635,51 @@ def main(argv: list[str] | None = None) -> dict:
         f"chunks of {args.chunk_size}; tok/s from the cached context"
     )
     print(table(results))
-    return bench.finish(results, args)
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = [a for a in argv if a.startswith("--config.")]
+    argv = [a for a in argv if not a.startswith("--config.")]
+    args = _parser().parse_args(argv)
+    if args.setup is not None:
+        from lhc.train.config import load_config
+
+        return bench.finish(run_setup(load_config(args.setup, overrides), args.repeats), args)
+    if overrides:
+        raise SystemExit(f"{overrides[0]}: --config.KEY=VALUE overrides go with --setup")
+    max_len = max(args.context_lengths) + 1024
+    loaded = _load(args, max_len, args.seed)
+    target, params = loaded.model, loaded.params
+    upward = None
+    if args.draft_workdir or args.draft_checkpoint:
+        draft_source = argparse.Namespace(
+            checkpoint=args.draft_checkpoint, workdir=args.draft_workdir, dtype=args.dtype
+        )
+        large = _load(draft_source, max_len, args.seed)
+        upward = (large.model, large.params)
+    retrieval = RetrievalConfig(
+        chunk_size=args.chunk_size,
+        min_budget=args.min_budget,
+        ratio=args.ratio,
+        threshold=args.threshold,
+    )
+    methods = methods_for(
+        target,
+        params,
+        target,
+        params,
+        args.etas,
+        upward,
+        args.upward_etas,
+        args.gamma,
+        stop_tokens=loaded.stop_tokens,
+    )
+    byte_tokens = isinstance(loaded.tokenizer, lm.ByteTokenizer)
+    chat = ([], [], []) if byte_tokens else chat_parts(loaded.tokenizer)
+    if args.haystack:
+        if args.facts_per_context < 1:
+            raise SystemExit(f"--facts-per-context must be >= 1, got {args.facts_per_context}")
+        return bench.finish(fact_sweep(args, loaded, retrieval, chat), args)
+    return bench.finish(passkey_sweep(args, loaded, retrieval, methods, chat), args)
