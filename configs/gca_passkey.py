@@ -58,7 +58,7 @@ def get_config(arg=None):
         )
     )
     if arg.size == "tiny":
-        config.model_factory = "lhc.gca:gca_from_config"
+        config.model_factory = "lhc.gca:GCA"
         # What differs from GCAConfig's defaults (the landmark is vocab_size - 1).
         config.model = model_section(
             GCAConfig,
@@ -76,7 +76,7 @@ def get_config(arg=None):
             window=65,
         )
     else:
-        config.model_factory = "lhc.lm.factories:transformer_from_config"
+        config.model_factory = "transformer"
         # What differs from LMConfig's defaults.
         config.model = model_section(
             LMConfig,

@@ -64,7 +64,7 @@ def get_config(arg=None):
         config.num_steps, config.batch_size, config.eval_batches = 4, 2, 1
         config.data.length, config.data.tokenizer = 126, "bytes"
         config.data.feature = "text"
-    config.model_factory = "lhc.gca:gca_from_config"
+    config.model_factory = "lhc.gca:GCA"
     config.model = ml_collections.ConfigDict(dataclasses.asdict(model))
     config.optimizer = ml_collections.ConfigDict(paper_optimizer())
     return config

@@ -40,7 +40,7 @@ def get_config(arg=None):
     config = base_config("causal_lm")
     # The causal-LM task builds config.model through this function (a method's config
     # points it at its own builder, e.g. a GCA or recurrent LM).
-    config.model_factory = "lhc.lm.factories:transformer_from_config"
+    config.model_factory = "transformer"
     config.num_steps = 20 if arg.runlocal else steps
     config.batch_size = batch
     config.eval_batches = 4

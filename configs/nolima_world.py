@@ -29,7 +29,7 @@ from lhc.train.optim import adamw_cosine
 
 _MODELS = {
     "decoder": (
-        "lhc.lm.factories:transformer_from_config",
+        "transformer",
         dict(
             vocab_size=259,
             num_layers=4,
@@ -43,7 +43,7 @@ _MODELS = {
         ),
     ),
     "gca": (
-        "lhc.gca:gca_from_config",
+        "lhc.gca:GCA",
         dict(
             vocab_size=260,
             embed_dim=64,
@@ -60,7 +60,7 @@ _MODELS = {
         ),
     ),
     "mamba2": (
-        "lhc.recurrent.factories:mamba2_from_config",
+        "lhc.recurrent:Mamba2LM",
         dict(vocab_size=259, num_layers=2, embed_dim=64, head_dim=16, state_dim=16, chunk_size=64),
     ),
 }

@@ -46,7 +46,7 @@ def get_config(arg=None):
             output_dir="",
         )
     )
-    config.model_factory = "lhc.lm.factories:transformer_from_config"
+    config.model_factory = "transformer"
     config.model = model_section(LMConfig, **PASSKEY_MODEL.to_dict())
     config.optimizer = ml_collections.ConfigDict(adamw_cosine())
     return config

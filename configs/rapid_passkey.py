@@ -57,7 +57,7 @@ def get_config(arg=None):
             output_dir="",
         )
     )
-    config.model_factory = "lhc.lm.factories:transformer_from_config"
+    config.model_factory = "transformer"
     config.model = model_section(
         LMConfig,
         vocab_size=VOCAB,

@@ -30,11 +30,11 @@ VOCAB = 259  # 256 bytes, pad / bos / eos
 TRAIN_LENGTH = 256
 _MODELS = {
     "mamba2": (
-        "lhc.recurrent.factories:mamba2_from_config",
+        "lhc.recurrent:Mamba2LM",
         dict(num_layers=2, embed_dim=64, head_dim=16, state_dim=16, chunk_size=64),
     ),
     "gla": (
-        "lhc.recurrent.factories:gla_from_config",
+        "lhc.recurrent:GLALM",
         dict(
             num_layers=2,
             embed_dim=64,

@@ -31,7 +31,7 @@ import numpy as np
 from lhc import lm
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.emloc.compress import Example
-from lhc.lm import lm_config_from
+from lhc.nn.config import register_model
 from lhc.nn.linear import dense
 from lhc.train.causal_lm import CausalLMTask
 from lhc.train.tasks import register_task
@@ -230,6 +230,7 @@ class PatchEncoder(nn.Module):
         return dense(self.embed_dim, ("mlp", "embed"), "out")(hidden)
 
 
+@register_model("emloc_patch_lm", lm.LMConfig)
 class PatchLM(nn.Module):
     """An ``lhc.lm.Transformer`` (``lm``) whose image placeholder tokens take their input
     embeddings from a ``PatchEncoder`` (``encoder``) of per-token ``features``.
@@ -280,11 +281,6 @@ def with_embeddings(model: PatchLM, params, examples: list[Example], features) -
     return out
 
 
-def patch_lm_from_config(model_config) -> PatchLM:
-    """``config.model_factory`` for ``PatchLM``: the fields of ``lhc.lm.LMConfig``."""
-    return PatchLM(lm_config_from(model_config))
-
-
 @register_task("emloc_manyshot")
 class ManyShotTask(CausalLMTask):
     """Config keys: ``model`` (``lhc.lm.LMConfig`` fields; ``scan_layers=False`` so that
@@ -293,7 +289,7 @@ class ManyShotTask(CausalLMTask):
     of ``CausalLMTask``."""
 
     def _model_factory_path(self) -> str:
-        return "lhc.emloc.manyshot:patch_lm_from_config"
+        return "lhc.emloc.manyshot:PatchLM"
 
     def manyshot(self) -> ManyShot:
         fields = dict(self.config.data)

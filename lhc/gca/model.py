@@ -85,6 +85,7 @@ from lhc.gca.cache import (
 from lhc.gca.config import GCAConfig
 from lhc.lm.cache import is_concrete
 from lhc.nn.attention import Attention, LayerCache
+from lhc.nn.config import build_model, register_model
 from lhc.nn.linear import Einsum, Embed, output_logits
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
@@ -437,6 +438,7 @@ def _compact_memory(memory, table, top_k: int):
     return group_memory, (jnp.where(table[0] >= 0, compact, -1), table[1])
 
 
+@register_model("gca", GCAConfig)
 class GCA(nn.Module):
     """The Grouped Cross Attention causal LM (see the module docstring).
 
@@ -660,13 +662,11 @@ def _init_params_jit(config: GCAConfig, rng: jax.Array):
 
 
 def gca_from_config(model_config) -> GCA:
-    """A model factory for ``lhc.train`` (``config.model_factory = "lhc.gca:gca_from_config"``):
-    ``GCA`` from a ConfigDict of ``GCAConfig`` fields.
+    """``GCA`` from a ConfigDict of ``GCAConfig`` fields (``build_model("gca", ...)``; the
+    factory path ``"lhc.gca:gca_from_config"`` that runs recorded before the model
+    registry name in their ``config.json``).
 
     Raises:
-        ValueError: a field unknown to ``GCAConfig``.
+        ValueError: naming ``config.model``, for a field unknown to ``GCAConfig``.
     """
-    try:
-        return GCA(GCAConfig.from_dict(dict(model_config)))
-    except TypeError as error:
-        raise ValueError(f"config.model: {error}") from error
+    return build_model(GCA, model_config)

@@ -361,6 +361,26 @@ def prefill(model, params, tokens, positions, cache, *, chunk_size: int = DEFAUL
     return prefill_chunks(model, params, tokens, positions, cache, chunk_size=chunk_size)
 
 
+def prefilled_cache(
+    model,
+    params,
+    prompts: Sequence[Sequence[int]] | jax.Array | np.ndarray,
+    *,
+    extra: int,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+):
+    """A cache of ``model`` holding the prompts (token lists, left-padded; or an int
+    ``[B, P]`` array), with room for ``extra`` more tokens per sequence: pass it as
+    ``cache`` / ``target_cache`` to decode several times after one prefill."""
+    tokens, lengths = prepare_prompts(prompts, None, 0, model.config.vocab_size)
+    cache = empty_cache(model, tokens.shape[0], tokens.shape[1] + extra)
+    positions = left_padded_positions(jnp.asarray(lengths), tokens.shape[1])
+    _, cache = prefill(
+        model, params, jnp.asarray(tokens), positions, cache, chunk_size=prefill_chunk
+    )
+    return cache
+
+
 @functools.partial(jax.jit, static_argnums=0, donate_argnames="cache")
 def decode_step(model, params, tokens, positions, cache):
     """One decoding step: ``tokens, positions`` int ``[B]`` (or ``[B, 1]``) appended to

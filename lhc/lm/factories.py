@@ -1,15 +1,14 @@
-"""Model factories for ``lhc.train`` (``config.model_factory``): the ``Transformer`` from
-``config.model``, the fields of ``LMConfig`` (unset ones take its defaults).
-
-``config.model_factory = "lhc.lm.factories:transformer_from_config"`` is the causal-LM
-task's default; other methods name their own factories the same way
-(``"lhc.gca:gca_from_config"``, ``"lhc.recurrent.factories:mamba2_from_config"``).
+"""The factory paths of the ``Transformer`` that runs recorded before the model registry
+(``lhc.nn.config.register_model``) name in their ``config.json``:
+``"lhc.lm.factories:transformer_from_config"`` (and ``lhc.train.causal_lm``'s). A config
+names the model now: ``config.model_factory = "transformer"``.
 """
 
 from __future__ import annotations
 
 from lhc.lm.config import LMConfig
 from lhc.lm.model import Transformer
+from lhc.nn.config import build_model
 
 
 def lm_config_from(model_config) -> LMConfig:
@@ -19,13 +18,10 @@ def lm_config_from(model_config) -> LMConfig:
       ValueError: naming ``config.model``, for an unknown or missing field (with the
         closest known one) or a bad value.
     """
-    try:
-        return LMConfig.from_dict(model_config)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"config.model: {error}") from error
+    return build_model(Transformer, model_config).config
 
 
 def transformer_from_config(model_config) -> Transformer:
-    """The causal-LM task's default model factory: ``lhc.lm.Transformer`` of
+    """``build_model("transformer", model_config)``: ``lhc.lm.Transformer`` of
     ``lm_config_from(model_config)``."""
-    return Transformer(lm_config_from(model_config))
+    return build_model(Transformer, model_config)

@@ -58,6 +58,7 @@ from lhc.lm.cache import (
 )
 from lhc.lm.config import LMConfig
 from lhc.nn.attention import Attention, LayerCache
+from lhc.nn.config import register_model
 from lhc.nn.intervention import Intervention, apply_edit
 from lhc.nn.linear import KERNEL_LAYOUTS, Embed, output_logits
 from lhc.nn.mlp import GeluMLP, SwiGLU
@@ -325,6 +326,7 @@ def _check_inputs(
         _check_cache(config, cache, batch_size, length)
 
 
+@register_model("transformer", LMConfig)
 class Transformer(nn.Module):
     """Decoder-only causal LM following the protocol in this module's docstring.
 

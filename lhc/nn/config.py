@@ -22,15 +22,19 @@ A config subclasses ``ModelConfig`` (as a frozen dataclass) and names its checks
 
 Errors are ``ValueError``\\s that name ``Class.field``, what was expected and what came.
 
-``from_dict`` is the one place unknown keys are checked: model factories for
-``lhc.train`` (``config.model_factory``) build their config with it, from the
-``ml_collections.ConfigDict`` of ``config.model`` as it is::
+``from_dict`` is the one place unknown keys are checked. A model built from its config
+alone registers under a name, and ``lhc.train`` (``config.model_factory``) builds it
+from the ``ml_collections.ConfigDict`` of ``config.model`` as it is::
 
-    def my_model_from_config(model_config):
-        try:
-            return MyModel(MyConfig.from_dict(model_config))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"config.model: {error}") from error
+    @register_model("my_model", MyConfig)
+    class MyModel(nn.Module):
+        config: MyConfig
+
+    build_model("my_model", config.model)   # MyModel(MyConfig.from_dict(config.model))
+
+The name is known once the model's module is imported (``registered_models()``); the
+model class itself serves as well, so ``config.model_factory = "my_package:MyModel"``
+needs no import beforehand.
 """
 
 from __future__ import annotations
@@ -165,3 +169,56 @@ class ModelConfig:
         if missing:
             raise ValueError(f"missing {owner} keys: {', '.join(map(repr, missing))}")
         return cls(**dict(values))
+
+
+# name -> (model class, config class); filled by @register_model as modules are imported.
+_MODELS: dict[str, tuple[type, type[ModelConfig]]] = {}
+
+
+def register_model(name: str, config_class: type[ModelConfig]):
+    """Class decorator: the model ``cls(config_class.from_dict(fields))`` is built by
+    ``build_model(name, fields)`` (and by ``config.model_factory = name`` in
+    ``lhc.train``)."""
+
+    def decorator(cls):
+        known = _MODELS.get(name)
+        if known is not None and known[0].__qualname__ != cls.__qualname__:
+            raise ValueError(f"model name {name!r} is already registered to {known[0].__name__}")
+        _MODELS[name] = (cls, config_class)
+        return cls
+
+    return decorator
+
+
+def registered_models() -> dict[str, type]:
+    """The registered models by name (of the modules imported so far)."""
+    return {name: cls for name, (cls, _) in sorted(_MODELS.items())}
+
+
+def registered_name(model_class: Any) -> str | None:
+    """The name ``model_class`` is registered under, or ``None``."""
+    for name, (cls, _) in _MODELS.items():
+        if cls is model_class:
+            return name
+    return None
+
+
+def build_model(model: str | type, fields: Any, *, what: str = "config.model"):
+    """The registered model ``model`` (its name or its class) of ``fields``: a mapping
+    or ``ConfigDict`` of its config's fields (unset ones take their defaults).
+
+    Raises:
+        ValueError: an unregistered model (naming the registered ones), or naming
+            ``what`` for an unknown, missing or bad field.
+    """
+    name = model if isinstance(model, str) else registered_name(model)
+    if name not in _MODELS:
+        raise ValueError(
+            f"unknown model {model!r}; registered (once their modules are imported): "
+            f"{', '.join(sorted(_MODELS))}"
+        )
+    cls, config_class = _MODELS[name]
+    try:
+        return cls(config_class.from_dict(fields))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{what}: {error}") from error

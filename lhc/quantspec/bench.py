@@ -134,11 +134,8 @@ def _forward(model, params, tokens, positions, cache):
 
 
 def _prefilled(model, params, tokens, capacity: int, chunk: int):
-    cache = lm.decoding.empty_cache(model, tokens.shape[0], capacity)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    _, cache = lm.decoding.prefill(
-        model, params, jnp.asarray(tokens), positions, cache, chunk_size=chunk
-    )
+    extra = capacity - tokens.shape[1]
+    cache = lm.decoding.prefilled_cache(model, params, tokens, extra=extra, prefill_chunk=chunk)
     return jax.block_until_ready(cache)
 
 

@@ -15,17 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from lhc.lm.decoding import (
-    GREEDY,
-    empty_cache,
-    generate,
-    left_padded_positions,
-    prefill,
-    prepare_prompts,
-)
+from lhc.lm.decoding import GREEDY, generate, prefilled_cache
 from lhc.lm.sampling import SamplingParams
 from lhc.lm.speculative import ModelDrafter, SpeculativeOutput, speculative_generate
 from lhc.rapid.retrieval import (
@@ -108,13 +100,9 @@ def prefill_contexts(model, params, prompts: Prompts, *, extra: int, prefill_chu
     """A cache of ``model`` holding every example's context (left-padded), with room for
     ``extra`` more tokens per sequence: pass it as ``target_cache`` / ``cache`` to decode
     several times after one prefill of the long context."""
-    tokens, lengths = prepare_prompts(prompts.contexts, None, 0, model.config.vocab_size)
-    cache = empty_cache(model, tokens.shape[0], tokens.shape[1] + extra)
-    positions = left_padded_positions(jnp.asarray(lengths), tokens.shape[1])
-    _, cache = prefill(
-        model, params, jnp.asarray(tokens), positions, cache, chunk_size=prefill_chunk
+    return prefilled_cache(
+        model, params, prompts.contexts, extra=extra, prefill_chunk=prefill_chunk
     )
-    return cache
 
 
 def rapid_generate(

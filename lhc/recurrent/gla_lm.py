@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm, SwiGLU
+from lhc.nn.config import register_model
 from lhc.recurrent.scan import gla, gla_step
 from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
 
@@ -123,6 +124,7 @@ class GLALayer(nn.Module):
         return x, (head_end,), None if tail_states is None else (tail_states,)
 
 
+@register_model("gla", GLAConfig)
 class GLALM(RecurrentLM):
     """A stack of GLA layers (``RecurrentLM``: the causal-LM protocol)."""
 

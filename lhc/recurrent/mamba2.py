@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm
+from lhc.nn.config import register_model
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
 from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
@@ -190,6 +191,7 @@ class Mamba2Block(nn.Module):
         return x, head_end, tail_states
 
 
+@register_model("mamba2", Mamba2Config)
 class Mamba2LM(RecurrentLM):
     """A stack of Mamba-2 blocks (``RecurrentLM``: the causal-LM protocol)."""
 

@@ -1,12 +1,14 @@
 """Causal language modelling on generated sequences (associative recall, copying).
 
-The model comes from a model factory: ``config.model_factory`` is an import path
-``"package.module:function"`` to a function ``factory(config.model) -> nn.Module``
-(default ``DEFAULT_MODEL_FACTORY``, ``lhc.lm.factories:transformer_from_config``: the
-``lhc.lm.Transformer``). The module follows the causal-LM protocol, ``logits, cache =
+The model comes from ``config.model_factory``: the name of a registered model
+(``lhc.nn.config.register_model``; default ``DEFAULT_MODEL_FACTORY``, ``"transformer"``:
+the ``lhc.lm.Transformer``), built from ``config.model``, the fields of its config; or
+an import path ``"package.module:name"`` to a registered model class (``"pkg.mod:MyLM"``,
+which needs no import beforehand) or to a function ``factory(config.model) ->
+nn.Module``. The module follows the causal-LM protocol, ``logits, cache =
 model.apply({"params": p}, tokens, positions)`` with ``tokens, positions: int32[B, T]``
 and ``logits: float[B, T, V]``, so any causal LM (GCA, recurrent models) trains through
-this task by pointing ``model_factory`` at its own builder. The data come from
+this task by pointing ``model_factory`` at its own model. The data come from
 ``lhc.data.synthetic``. The loss is next-token cross-entropy restricted to the positions
 the generator marks (``weights``), so the chance level is known exactly.
 """
@@ -22,13 +24,14 @@ import jax.numpy as jnp
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
 
-# Methods import lm_config_from from here; runs recorded before the factory moved to
-# lhc.lm name "lhc.train.causal_lm:transformer_from_config" in their config.json.
+# Runs recorded before the factory moved to lhc.lm name
+# "lhc.train.causal_lm:transformer_from_config" in their config.json.
 from lhc.lm.factories import lm_config_from, transformer_from_config  # noqa: F401
+from lhc.nn.config import build_model, registered_models, registered_name
 from lhc.parallel import global_batch
 from lhc.train.tasks import Task, import_path, register_task
 
-DEFAULT_MODEL_FACTORY = "lhc.lm.factories:transformer_from_config"
+DEFAULT_MODEL_FACTORY = "transformer"
 
 _GENERATORS = {
     "associative_recall": synthetic.associative_recall,
@@ -61,9 +64,10 @@ def weighted_cross_entropy(logits, targets, weights):
 class CausalLMTask(Task):
     """Trains the causal LM that ``config.model_factory`` builds on ``config.data.name``.
 
-    Config keys used: ``model_factory`` (optional, an import path
-    ``"package.module:function"``; default ``DEFAULT_MODEL_FACTORY``), ``model`` (what
-    the factory reads; for the default, the fields of ``lhc.lm.LMConfig``), ``data``
+    Config keys used: ``model_factory`` (optional: a registered model's name, or an
+    import path ``"package.module:name"`` of a registered model class or a factory
+    function; default ``DEFAULT_MODEL_FACTORY``), ``model`` (the fields of the model's
+    config; for the default, those of ``lhc.lm.LMConfig``), ``data``
     (``name`` and the generator's keyword arguments), ``batch_size``, ``seed``,
     ``eval_batches``.
 
@@ -76,7 +80,17 @@ class CausalLMTask(Task):
 
     def make_model(self):
         path = self._model_factory_path()
+        if isinstance(path, str) and ":" not in path:
+            if path not in registered_models():
+                raise ValueError(
+                    f"config.model_factory: unknown model {path!r}; expected a registered "
+                    f"model ({', '.join(registered_models())}) or an import path "
+                    f"'package.module:name'"
+                )
+            return build_model(path, self.config.model)
         factory = import_path(path, "config.model_factory")
+        if registered_name(factory) is not None:
+            return build_model(factory, self.config.model)
         if not callable(factory):
             raise ValueError(
                 f"config.model_factory: {path!r} must name a function "

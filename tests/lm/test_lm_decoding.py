@@ -81,6 +81,19 @@ def test_generate_continues_from_a_cache():
     np.testing.assert_array_equal(second.tokens, _greedy_by_recomputation(params, whole, 6))
 
 
+def test_a_prefilled_cache_of_prompts_serves_several_continuations():
+    params = random_params(CONFIG, scale=SCALE)
+    model = lm.Transformer(CONFIG)
+    cache = decoding.prefilled_cache(model, params, PROMPTS, extra=12, prefill_chunk=4)
+    assert cache.lengths.tolist() == [6, 6, 6]  # left-padded to the longest prompt
+    for turn in ([[3, 4]] * 3, [[8], [9], [10]]):
+        got = lm.generate(
+            model, params, turn, max_new_tokens=5, cache=jax.tree.map(jnp.copy, cache)
+        )
+        whole = [p + t for p, t in zip(PROMPTS, turn)]
+        np.testing.assert_array_equal(got.tokens, _greedy_by_recomputation(params, whole, 5))
+
+
 def test_step_hook_rewinds_the_cache_at_a_position():
     """A hook that, after the 4th token, forgets the 2nd and 3rd generated tokens (as a
     PENCIL reduction does) and feeds the pending 4th right after the 1st."""

@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -150,6 +151,32 @@ def test_default_factory_is_the_lhc_transformer():
         assert model.config == lm.lm_config_from(config.model)
 
 
+@pytest.mark.parametrize(
+    "factory",
+    ["transformer", "lhc.lm:Transformer", "lhc.lm.factories:transformer_from_config"],
+)
+def test_the_transformer_by_name_by_class_and_by_the_recorded_factory_path(factory):
+    config = _config(f"model_factory={factory}")
+    model = _task(config).model
+    assert type(model) is lm.Transformer
+    assert model.config == lm.LMConfig(**config.model.to_dict())
+
+
+def test_a_registered_class_path_builds_its_model_and_names_bad_fields():
+    from lhc.recurrent import Mamba2Config, Mamba2LM
+
+    config = _config("model_factory=lhc.recurrent:Mamba2LM")
+    with config.unlocked():
+        config.model = ml_collections.ConfigDict(dict(vocab_size=8, num_layers=1, embed_dim=16))
+    model = _task(config).model
+    assert type(model) is Mamba2LM
+    assert model.config == Mamba2Config(vocab_size=8, num_layers=1, embed_dim=16)
+    with config.unlocked():
+        config.model.num_layer = 2
+    with pytest.raises(ValueError, match="config.model: unknown .*'num_layer' .*'num_layers'"):
+        _task(config)
+
+
 def test_misspelled_factory_key_fails_on_the_locked_config():
     with pytest.raises(ValueError, match="unknown key 'model_factor'.*did you mean model_factory"):
         _config("model_factor=x:y")
@@ -158,7 +185,10 @@ def test_misspelled_factory_key_fails_on_the_locked_config():
 @pytest.mark.parametrize(
     "path, message",
     [
-        ("transformer_from_config", "expected an import path 'package.module:name'"),
+        (
+            "transformer_from_config",
+            "unknown model 'transformer_from_config'; expected a registered",
+        ),
         ("lhc.no_such_module:build", "no module 'lhc.no_such_module'"),
         ("lhc.train.causal_lm:no_such_factory", "has no attribute 'no_such_factory'"),
         (f"{FIXTURES}:NOT_CALLABLE", "must name a function model_config -> flax.linen.Module"),
