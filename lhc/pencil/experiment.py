@@ -126,8 +126,10 @@ def sized_config(
 
     Args:
         arg: the part after the colon: a size (a key of ``sizes``), ``format=pencil|cot``,
-            ``<arg_name>=N`` (the problem's size; 0 keeps the size's default) and
-            ``runlocal`` (4 steps, 4 evaluation instances: a smoke test).
+            ``<arg_name>=N`` (the problem's size; 0 keeps the size's default),
+            ``mix=A-B`` or ``mix=A+B+C`` (train on a ``Mixture`` of those problem sizes,
+            evaluated size by size) and ``runlocal`` (4 steps, 4 evaluation instances:
+            a smoke test).
         problem: the problem's name.
         sizes: per size ``(context, layers, heads, width, dropout, batch, steps, dtype,
             default problem size)``.
@@ -137,13 +139,14 @@ def sized_config(
         arg_name: the name of ``size_param`` in ``arg`` (default ``size_param``).
     """
     arg_name = arg_name or size_param
-    arg = parse_arg(arg, size="tiny", format="pencil", runlocal=False, **{arg_name: 0})
+    arg = parse_arg(arg, size="tiny", format="pencil", runlocal=False, mix="", **{arg_name: 0})
     if arg.size not in sizes:
         raise ValueError(f"config arg size must be one of {sorted(sizes)}, got {arg.size!r}")
     context, layers, heads, width, dropout, batch, steps, dtype, default = sizes[arg.size]
+    problem_size = _mix_sizes(arg.mix) if arg.mix else arg[arg_name] or default
     return pencil_config(
         problem=problem,
-        problem_params={**(problem_params or {}), size_param: arg[arg_name] or default},
+        problem_params={**(problem_params or {}), size_param: problem_size},
         trace_format=arg.format,
         context_limit=context,
         num_layers=layers,
@@ -156,3 +159,18 @@ def sized_config(
         eval_instances=4 if arg.runlocal else 100,
         max_new_tokens=64 if arg.runlocal else max_new_tokens[arg.size],
     )
+
+
+def _mix_sizes(spec: str) -> list[int]:
+    """``"3-6"`` -> ``[3, 4, 5, 6]``; ``"3+5"`` -> ``[3, 5]``."""
+    try:
+        if "-" in spec:
+            low, high = (int(x) for x in spec.split("-"))
+            sizes = list(range(low, high + 1))
+        else:
+            sizes = [int(x) for x in spec.split("+")]
+    except ValueError:
+        sizes = []
+    if not sizes:
+        raise ValueError(f"config arg mix: expected sizes as A-B or A+B+C, got {spec!r}")
+    return sizes

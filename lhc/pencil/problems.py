@@ -75,14 +75,57 @@ _PROBLEMS = {
 }
 
 
+# Each problem's size parameter: a list of sizes there makes a ``Mixture``.
+SIZE_PARAMS = {"sat": "num_vars", "qbf": "num_vars", "einstein": "size"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+    """Instances of one problem at several sizes, a size drawn uniformly per instance
+    (training on a range of sizes at once). The vocabulary is the union of the sizes'
+    (the largest size's symbols first), so one tokenizer serves every part.
+
+    Attributes:
+        parts: ``(size, problem)`` pairs, sizes ascending.
+    """
+
+    parts: tuple[tuple[int, Any], ...]
+
+    @property
+    def name(self) -> str:
+        return self.parts[0][1].name
+
+    def symbols(self) -> tuple[str, ...]:
+        ordered = [self.parts[-1][1], *(problem for _, problem in self.parts[:-1])]
+        return tuple(dict.fromkeys(s for problem in ordered for s in problem.symbols()))
+
+    def labels(self) -> tuple[str, ...]:
+        return self.parts[0][1].labels()
+
+    def sample(self, rng: np.random.Generator) -> Instance:
+        return self.parts[int(rng.integers(len(self.parts)))][1].sample(rng)
+
+
 def make_problem(name: str, **params: Any) -> Problem:
-    """The problem called ``name`` with ``params`` (e.g. ``make_problem("sat", num_vars=5)``).
+    """The problem called ``name`` with ``params`` (e.g. ``make_problem("sat", num_vars=5)``);
+    a list of sizes (``num_vars=[3, 4, 5]``) gives a ``Mixture`` of them.
 
     Raises:
         ValueError: an unknown name or parameters the problem does not take.
     """
     if name not in _PROBLEMS:
         raise ValueError(f"problem must be one of {sorted(_PROBLEMS)}, got {name!r}")
+    size = params.get(SIZE_PARAMS[name])
+    if isinstance(size, (list, tuple)):
+        if not size or len(set(size)) != len(size):
+            raise ValueError(
+                f"problem {name!r}: {SIZE_PARAMS[name]} as a list must hold distinct sizes, "
+                f"got {size!r}"
+            )
+        parts = tuple(
+            (n, make_problem(name, **{**params, SIZE_PARAMS[name]: n})) for n in sorted(size)
+        )
+        return Mixture(parts)
     module_name, class_name = _PROBLEMS[name].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     try:

@@ -5,7 +5,8 @@ Config keys: those of ``lhc.train.causal_lm.CausalLMTask`` (``model``: the field
 ``lhc.lm.LMConfig``; ``batch_size``, ``seed``, ``eval_batches``), and
 
 * ``data.problem``: ``"sat"``, ``"qbf"`` or ``"einstein"``; ``data.problem_params``: its
-  parameters (``num_vars``, ``size``, ...);
+  parameters (``num_vars``, ``size``, ...; a list of sizes trains on all of them, a size
+  drawn per row, and evaluates each apart: ``eval/pencil/n4/accuracy``);
 * ``data.format``: ``"pencil"`` (each row is one sub-sequence of
   ``lhc.pencil.reduction.subsequences``, trained from the first token generated in its
   context) or ``"cot"`` (each row is a whole trace, trained after the prompt);
@@ -37,7 +38,7 @@ import numpy as np
 from lhc.data.iterators import row_rngs
 from lhc.lm.sampling import SamplingParams
 from lhc.pencil.evaluation import METHODS, evaluate_generation
-from lhc.pencil.problems import make_problem, tokenizer_for
+from lhc.pencil.problems import Mixture, make_problem, tokenizer_for
 from lhc.pencil.reduction import Subsequence, subsequences
 from lhc.train.causal_lm import CausalLMTask
 
@@ -122,10 +123,19 @@ class PencilTask(CausalLMTask):
         loss, metrics = super().loss(params, batch, rng)
         return loss, {**metrics, "truncated": batch["truncated"].mean()}
 
-    def eval_instances(self, num_instances: int):
-        """Held-out instances (a seed stream disjoint from training and evaluation)."""
+    def eval_instances(self, num_instances: int, problem=None):
+        """Held-out instances of ``problem`` (default: the task's) from a seed stream
+        disjoint from training and evaluation."""
         seed = int(self.config.seed) + 2_000_003
-        return [self.problem.sample(np.random.default_rng([seed, i])) for i in range(num_instances)]
+        problem = self.problem if problem is None else problem
+        return [problem.sample(np.random.default_rng([seed, i])) for i in range(num_instances)]
+
+    def eval_parts(self) -> list[tuple[str, object]]:
+        """``(metric prefix, problem)`` per evaluated problem: the task's, or each size
+        of a ``Mixture`` apart (``"n4/"``: its size)."""
+        if isinstance(self.problem, Mixture):
+            return [(f"n{size}/", problem) for size, problem in self.problem.parts]
+        return [("", self.problem)]
 
     def evaluate(self, params):
         metrics = super().evaluate(params)
@@ -139,20 +149,21 @@ class PencilTask(CausalLMTask):
         sampling = SamplingParams(
             temperature=float(settings.temperature), top_k=int(settings.top_k)
         )
-        instances = self.eval_instances(int(settings.num_instances))
-        for method in methods:
-            result = evaluate_generation(
-                self.model,
-                params,
-                instances,
-                self.tokenizer,
-                self.problem.labels(),
-                method=method,
-                context_limit=int(self.config.data.context_limit),
-                max_new_tokens=int(settings.max_new_tokens),
-                sampling=sampling,
-                rng=jax.random.key(int(self.config.seed)),
-                batch_size=int(settings.batch_size),
-            )
-            metrics.update(result.metrics(prefix=f"eval/{method}/"))
+        for part, problem in self.eval_parts():
+            instances = self.eval_instances(int(settings.num_instances), problem)
+            for method in methods:
+                result = evaluate_generation(
+                    self.model,
+                    params,
+                    instances,
+                    self.tokenizer,
+                    self.problem.labels(),
+                    method=method,
+                    context_limit=int(self.config.data.context_limit),
+                    max_new_tokens=int(settings.max_new_tokens),
+                    sampling=sampling,
+                    rng=jax.random.key(int(self.config.seed)),
+                    batch_size=int(settings.batch_size),
+                )
+                metrics.update(result.metrics(prefix=f"eval/{method}/{part}"))
         return metrics

@@ -133,3 +133,50 @@ def test_pencil_rows_train_every_trace_token_equally_often():
     rng = np.random.default_rng(0)
     counts = np.bincount([pick_subsequence(subs, rng) for _ in range(6000)], minlength=3)
     np.testing.assert_allclose(counts / 6000, [0.1, 0.3, 0.6], atol=0.02)
+
+
+def test_a_mixture_of_sizes_draws_each_size_and_shares_the_largest_vocabulary():
+    mixture = make_problem("qbf", num_vars=[5, 3, 4])
+    assert [n for n, _ in mixture.parts] == [3, 4, 5]
+    largest = tokenizer_for(make_problem("qbf", num_vars=5))
+    tokenizer = tokenizer_for(mixture)
+    assert tokenizer.vocab_size == largest.vocab_size
+    rng = np.random.default_rng(0)
+    seen = {3: 0, 4: 0, 5: 0}
+    for _ in range(300):
+        instance = mixture.sample(rng)
+        # The prompt's quantifier prefix names each variable once: its size.
+        variables = {t for t in instance.prompt[1 : instance.prompt.index(":")] if t.isdigit()}
+        seen[len(variables)] += 1
+        assert tokenizer.encode(instance.prompt + instance.trace) == largest.encode(
+            instance.prompt + instance.trace
+        )
+    assert all(80 <= count <= 120 for count in seen.values()), seen
+    with pytest.raises(ValueError, match="num_vars as a list must hold distinct sizes"):
+        make_problem("qbf", num_vars=[3, 3])
+
+
+def test_a_mixture_trains_and_is_evaluated_size_by_size(tmp_path):
+    config = load_config(
+        "configs/pencil_qbf.py:tiny,mix=3-4",
+        [
+            "model.num_layers=1",
+            "model.embed_dim=32",
+            "model.num_heads=2",
+            "model.num_kv_heads=2",
+            "model.head_dim=16",
+            "model.mlp_dim=64",
+            "num_steps=1",
+            "batch_size=2",
+            "pencil_eval.num_instances=1",
+            "pencil_eval.max_new_tokens=8",
+            "progress_bar=False",
+            "tensorboard=False",
+            "async_checkpointing=False",
+        ],
+    )
+    assert list(config.data.problem_params.num_vars) == [3, 4]
+    metrics = train_and_evaluate(config, str(tmp_path))
+    for size in (3, 4):
+        assert 0 <= metrics[f"eval/pencil/n{size}/accuracy"] <= 1
+    assert "eval/pencil/accuracy" not in metrics
