@@ -6,7 +6,9 @@
 # 1. the default draft (4-bit KV, asymmetric INT4 MLP weights in groups of 32), gamma 1-6,
 #    greedy and T = 0.7;
 # 2. the other drafts at gamma 4: 4-bit KV alone, INT4 weights alone (8-bit KV) at weight
-#    groups 64 and 128, symmetric against asymmetric, round-to-nearest against GPTQ;
+#    groups of 64 and 192 (128 does not divide the model's 576 input rows), symmetric
+#    against asymmetric, round-to-nearest against GPTQ, the MLP against every layer, and
+#    both (the earlier default, and GPTQ's symmetric grid as the official code uses it);
 # 3. the default draft with KV groups of 32 instead of the head's 64.
 # One 8,000-token prompt, 64 new tokens. Acceptance does not depend on timing, so this
 # runs fine beside other work. Each step writes OUT/stepN.json and is skipped when that
@@ -28,5 +30,5 @@ run() {
 }
 run step1 --gammas 1,2,3,4,5,6 --drafts kv4+rtn-asym-32
 run step2 --gammas 4 \
-  --drafts kv4,kv8+rtn-sym-64,kv8+rtn-asym-64,kv8+gptq-asym-64,kv8+rtn-asym-128,kv4+rtn-sym-64,kv4+rtn-asym-128
+  --drafts kv4,kv8+rtn-sym-64,kv8+rtn-asym-64,kv8+gptq-asym-64,kv8+rtn-asym-192,kv8+rtn-asym-32-all,kv4+rtn-sym-64,kv4+gptq-sym-64
 run step3 --gammas 4 --group-size 32 --drafts kv4+rtn-asym-32

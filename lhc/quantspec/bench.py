@@ -345,6 +345,15 @@ def draft_weights(model, params, draft: dict, calibration) -> Any:
     return calibrate(model, params, calibration, **settings)
 
 
+def _acceptance_rows_or_exit(*args, **kwargs):
+    try:
+        return acceptance_rows(*args, **kwargs)
+    except ValueError as error:
+        if str(error).startswith("draft "):
+            raise SystemExit(f"--drafts: {error}") from None
+        raise
+
+
 def acceptance_rows(
     model,
     params,
@@ -373,10 +382,17 @@ def acceptance_rows(
         )
         for n, p in prompts.items()
     }
+    # Every draft's weights first: a grid the model's layers cannot take fails before
+    # any decoding.
+    weights_of = {}
+    for spec in drafts:
+        try:
+            weights_of[spec] = draft_weights(model, params, parse_draft(spec), calibration)
+        except ValueError as error:
+            raise ValueError(f"draft {spec!r}: {error}") from None
     rows = []
     for spec in drafts:
-        draft = parse_draft(spec)
-        weights = draft_weights(model, params, draft, calibration)
+        draft, weights = parse_draft(spec), weights_of[spec]
         for (length, prompt), gamma, temperature in itertools.product(
             prompts.items(), gammas, temperatures
         ):
@@ -574,7 +590,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
             rows, length = args.calibration
             calibration = filler_prompts(rows, length, 1, tokenizer, filler)
-            accepted = acceptance_rows(
+            accepted = _acceptance_rows_or_exit(
                 model,
                 params,
                 prompts,

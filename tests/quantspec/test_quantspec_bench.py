@@ -134,5 +134,20 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys):
         group=32,
         layers="all",
     )
+    # A weight grid the layers cannot take fails before any decoding.
+    logged = []
+    with pytest.raises(ValueError, match=r"draft 'kv4\+rtn-asym-7': .*group_size must .*divid"):
+        bench.acceptance_rows(
+            model,
+            params,
+            prompts,
+            ["kv8", "kv4+rtn-asym-7"],
+            gammas=[3],
+            temperatures=[0.0],
+            new_tokens=12,
+            group_size=16,
+            log=logged.append,
+        )
+    assert logged == []
     with pytest.raises(SystemExit, match="--drafts: draft 'kv2'"):
         bench.main(["--configs", "llama-2-7b", "--contexts", "4096", "--drafts", "kv2"])
