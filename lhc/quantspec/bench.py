@@ -371,6 +371,14 @@ def acceptance_rows(
     """One row per draft, prompt length, gamma and temperature: the acceptance rate and
     tokens per round over the prompts' rows, and (greedy) whether every row's output
     equals plain decoding on the 8-bit path. ``prompts``: ``{length: int [B, length]}``."""
+    # Every draft's weights first: a grid the model's layers cannot take fails before
+    # any decoding.
+    weights_of = {}
+    for spec in drafts:
+        try:
+            weights_of[spec] = draft_weights(model, params, parse_draft(spec), calibration)
+        except ValueError as error:
+            raise ValueError(f"draft {spec!r}: {error}") from None
     plain = {
         n: decoding.generate(
             model,
@@ -382,14 +390,6 @@ def acceptance_rows(
         )
         for n, p in prompts.items()
     }
-    # Every draft's weights first: a grid the model's layers cannot take fails before
-    # any decoding.
-    weights_of = {}
-    for spec in drafts:
-        try:
-            weights_of[spec] = draft_weights(model, params, parse_draft(spec), calibration)
-        except ValueError as error:
-            raise ValueError(f"draft {spec!r}: {error}") from None
     rows = []
     for spec in drafts:
         draft, weights = parse_draft(spec), weights_of[spec]

@@ -98,7 +98,7 @@ def test_kernel_rows_on_this_cpu_time_the_xla_reference():
     assert "| 128 | 3 | xla |" in bench.kernel_table(rows)
 
 
-def test_draft_acceptance_rows_on_a_tiny_model(capsys):
+def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
     # The draft that reads the cache at 8 bits with the target's weights is the target:
     # acceptance 1. Every greedy output equals plain decoding on the 8-bit path, whatever
     # the draft; GPTQ calibrates a scanned model through its unstacked layers.
@@ -136,6 +136,7 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys):
     )
     # A weight grid the layers cannot take fails before any decoding.
     logged = []
+    monkeypatch.setattr(bench.decoding, "generate", lambda *a, **k: logged.append("generate"))
     with pytest.raises(ValueError, match=r"draft 'kv4\+rtn-asym-7': .*group_size must .*divid"):
         bench.acceptance_rows(
             model,
