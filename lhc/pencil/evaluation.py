@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from lhc import lm
+from lhc.bench import wilson_interval
 from lhc.lm.sampling import SamplingParams
 from lhc.pencil import generation
 from lhc.pencil.problems import Instance, parse_answer
@@ -61,9 +62,13 @@ class EvalResult:
     context_limit: int
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
-        """Scalar summaries, keys prefixed with ``prefix``."""
+        """Scalar summaries, keys prefixed with ``prefix``; ``accuracy_low`` and
+        ``accuracy_high`` bound the accuracy's 95% Wilson interval."""
+        low, high = wilson_interval(int(self.correct.sum()), len(self.correct))
         values = {
             "accuracy": self.correct.mean(),
+            "accuracy_low": low,
+            "accuracy_high": high,
             "trace_rate": self.trace_rates.mean(),
             "max_context_mean": self.max_context.mean(),
             "max_context_max": self.max_context.max(),

@@ -121,6 +121,9 @@ def test_eval_result_metrics_and_table():
     assert (
         metrics["eval/pencil/max_context_max"] == 310 and metrics["eval/pencil/over_limit"] == 0.25
     )
+    # 3 of 4: the 95% Wilson interval is (0.301, 0.954) (textbook value).
+    assert abs(metrics["eval/pencil/accuracy_low"] - 0.3006) < 1e-3
+    assert abs(metrics["eval/pencil/accuracy_high"] - 0.9544) < 1e-3
     table = comparison_table([result])
     assert (
         "limit 300" in table

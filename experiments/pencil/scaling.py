@@ -1,0 +1,81 @@
+"""The scaling table: accuracy against problem size for runs evaluated on a ``Mixture``.
+
+    python experiments/pencil/scaling.py PENCIL=/tmp/runs/qbf_pencil CoT=/tmp/runs/qbf_cot
+
+Each argument is ``LABEL=PATH``: a workdir (its last ``metrics.jsonl`` record with
+generation metrics, the evaluation at the end of training) or a JSON file written from
+``lhc eval``'s output. Sizes are read from the keys ``eval/<method>/n<size>/...`` that
+``PencilTask`` writes; one row per size and run, accuracy with its 95% Wilson interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+_KEY = re.compile(r"^eval/(pencil|cot)/n(\d+)/(\w+)$")
+
+
+def generation_metrics(path: str) -> dict:
+    """The generation metrics of one run: ``{(method, size): {name: value}}``."""
+    if os.path.isdir(path):
+        with open(os.path.join(path, "metrics.jsonl"), encoding="utf-8") as handle:
+            records = [json.loads(line) for line in handle if line.strip()]
+        records = [r for r in records if any(_KEY.match(key) for key in r)]
+        if not records:
+            raise SystemExit(f"{path}: no record with eval/<method>/n<size>/ metrics")
+        record = records[-1]
+    else:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    parts: dict = {}
+    for key, value in record.items():
+        match = _KEY.match(key)
+        if match:
+            method, size, name = match.groups()
+            parts.setdefault((method, int(size)), {})[name] = value
+    if not parts:
+        raise SystemExit(f"{path}: no eval/<method>/n<size>/ metrics")
+    return parts
+
+
+def table(runs: list[tuple[str, dict]]) -> str:
+    lines = [
+        "| n | run | method | accuracy (95% CI) | trace rate | finished | over the limit "
+        "| largest context (mean / max) | generated tokens (mean) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    sizes = sorted({size for _, parts in runs for _, size in parts})
+    for size in sizes:
+        for label, parts in runs:
+            for (method, n), m in sorted(parts.items()):
+                if n != size:
+                    continue
+                lines.append(
+                    f"| {n} | {label} | {method} | {m['accuracy']:.2f} ({m['accuracy_low']:.2f}-"
+                    f"{m['accuracy_high']:.2f}) | {m['trace_rate']:.3f} | {m['finished']:.2f} "
+                    f"| {m['over_limit']:.2f} | {m['max_context_mean']:.0f} / "
+                    f"{m['max_context_max']:.0f} | {m['generated_tokens_mean']:.0f} |"
+                )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="LABEL=PATH (a workdir or an lhc eval JSON)")
+    args = parser.parse_args(argv)
+    runs = []
+    for run in args.runs:
+        label, sep, path = run.partition("=")
+        if not sep or not path:
+            raise SystemExit(f"runs: expected LABEL=PATH, got {run!r}")
+        runs.append((label, generation_metrics(path)))
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
