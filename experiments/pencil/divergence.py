@@ -3,6 +3,7 @@ instances, the first position where the generated trace differs, and its surroun
 
     python experiments/pencil/divergence.py --workdir /tmp/runs/sat2_pencil \
         --instances 6 --context-limit 1024
+    python experiments/pencil/divergence.py --workdir /tmp/runs/qbf_mix --size 6
 
 ``--context-limit`` may exceed the run's (the model uses RoPE, so a longer context only
 changes the cache size), to tell a trace that needs more room from one that loops.
@@ -25,6 +26,9 @@ def main(argv=None) -> None:
     parser.add_argument("--context-limit", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=4096)
     parser.add_argument("--window", type=int, default=40, help="tokens shown around it")
+    parser.add_argument(
+        "--size", type=int, default=None, help="a run on a mixture: this problem size only"
+    )
     args = parser.parse_args(argv)
 
     exp, params, _ = restore_params(None, args.workdir)
@@ -32,7 +36,12 @@ def main(argv=None) -> None:
     limit = args.context_limit or int(exp.config.data.context_limit)
     config = task.model.config
     model = Transformer(dataclasses.replace(config, max_len=max(limit, config.max_len)))
-    instances = task.eval_instances(args.instances)
+    parts = dict(task.eval_parts())
+    if args.size is not None and f"n{args.size}/" not in parts:
+        sizes = sorted(int(key[1:-1]) for key in parts if key)
+        raise SystemExit(f"--size: expected one of the run's sizes {sizes}, got {args.size}")
+    problem = parts[f"n{args.size}/"] if args.size is not None else None
+    instances = task.eval_instances(args.instances, problem)
     out = pencil.generate(
         model, params, [tokenizer.encode(i.prompt) for i in instances], tokenizer,
         max_new_tokens=args.max_new_tokens, context_limit=limit,
