@@ -4,8 +4,9 @@
 
 Each argument is ``LABEL=PATH``: a workdir (its last ``metrics.jsonl`` record with
 generation metrics, the evaluation at the end of training) or a JSON file written from
-``lhc eval``'s output. Sizes are read from the keys ``eval/<method>/n<size>/...`` that
-``PencilTask`` writes; one row per size and run, accuracy with its 95% Wilson interval.
+``lhc eval``'s output (``--instances`` then gives the number of instances per size).
+Sizes are read from the keys ``eval/<method>/n<size>/...`` that ``PencilTask`` writes;
+one row per size and run, accuracy with its 95% Wilson interval.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import os
 import re
 import sys
 
+from lhc.bench import wilson_interval
+
 _KEY = re.compile(r"^eval/(pencil|cot)/n(\d+)/(\w+)$")
 
 
-def generation_metrics(path: str) -> dict:
-    """The generation metrics of one run: ``{(method, size): {name: value}}``."""
+def generation_metrics(path: str, instances: int | None) -> dict:
+    """The generation metrics of one run: ``{(method, size): {name: value}}``, with
+    ``accuracy_low`` / ``accuracy_high`` from ``instances`` per size (a workdir's
+    ``config.pencil_eval.num_instances`` when ``None``)."""
     if os.path.isdir(path):
+        if instances is None:
+            with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
+                instances = int(json.load(handle)["config"]["pencil_eval"]["num_instances"])
         with open(os.path.join(path, "metrics.jsonl"), encoding="utf-8") as handle:
             records = [json.loads(line) for line in handle if line.strip()]
         records = [r for r in records if any(_KEY.match(key) for key in r)]
@@ -39,6 +47,11 @@ def generation_metrics(path: str) -> dict:
             parts.setdefault((method, int(size)), {})[name] = value
     if not parts:
         raise SystemExit(f"{path}: no eval/<method>/n<size>/ metrics")
+    if instances is None:
+        raise SystemExit(f"--instances: needed for the JSON file {path}")
+    for m in parts.values():
+        correct = round(m["accuracy"] * instances)
+        m["accuracy_low"], m["accuracy_high"] = wilson_interval(correct, instances)
     return parts
 
 
@@ -66,13 +79,14 @@ def table(runs: list[tuple[str, dict]]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="LABEL=PATH (a workdir or an lhc eval JSON)")
+    parser.add_argument("--instances", type=int, default=None, help="instances per size")
     args = parser.parse_args(argv)
     runs = []
     for run in args.runs:
         label, sep, path = run.partition("=")
         if not sep or not path:
             raise SystemExit(f"runs: expected LABEL=PATH, got {run!r}")
-        runs.append((label, generation_metrics(path)))
+        runs.append((label, generation_metrics(path, args.instances)))
     print(table(runs))
     return 0
 
