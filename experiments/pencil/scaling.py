@@ -4,7 +4,7 @@
 
 Each argument is ``LABEL=PATH``: a workdir (its last ``metrics.jsonl`` record with
 generation metrics, the evaluation at the end of training) or a JSON file written from
-``lhc eval``'s output (``--instances`` then gives the number of instances per size).
+``lhc eval``'s output.
 Sizes are read from the keys ``eval/<method>/n<size>/...`` that ``PencilTask`` writes;
 one row per size and run, accuracy with its 95% Wilson interval.
 """
@@ -23,9 +23,10 @@ _KEY = re.compile(r"^eval/(pencil|cot)/n(\d+)/(\w+)$")
 
 
 def generation_metrics(path: str, instances: int | None) -> dict:
-    """The generation metrics of one run: ``{(method, size): {name: value}}``, with
-    ``accuracy_low`` / ``accuracy_high`` from ``instances`` per size (a workdir's
-    ``config.pencil_eval.num_instances`` when ``None``)."""
+    """The generation metrics of one run: ``{(method, size): {name: value}}``. Runs
+    evaluated before the metrics held ``accuracy_low`` / ``accuracy_high`` get them from
+    ``instances`` per size (a workdir's ``config.pencil_eval.num_instances`` when
+    ``None``)."""
     if os.path.isdir(path):
         if instances is None:
             with open(os.path.join(path, "config.json"), encoding="utf-8") as handle:
@@ -47,9 +48,11 @@ def generation_metrics(path: str, instances: int | None) -> dict:
             parts.setdefault((method, int(size)), {})[name] = value
     if not parts:
         raise SystemExit(f"{path}: no eval/<method>/n<size>/ metrics")
-    if instances is None:
-        raise SystemExit(f"--instances: needed for the JSON file {path}")
     for m in parts.values():
+        if "accuracy_low" in m:  # written by the evaluation itself
+            continue
+        if instances is None:
+            raise SystemExit(f"--instances: needed for the JSON file {path}")
         correct = round(m["accuracy"] * instances)
         m["accuracy_low"], m["accuracy_high"] = wilson_interval(correct, instances)
     return parts
