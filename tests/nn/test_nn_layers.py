@@ -127,6 +127,35 @@ def test_einsum_projection_with_bias_and_logical_axes():
     assert abs(float(np.std(k["params"]["kernel"])) * 16 - 1) < 0.05
 
 
+@pytest.mark.parametrize("layout", ["in_out", "out_in"])
+def test_bf16_einsum_accumulates_in_float32(layout):
+    # The dot takes bf16 operands and returns float32 (rounded to bf16 after): what a
+    # TPU's matrix unit does, and the fast bf16 path of XLA's CPU backend.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 64)).astype(np.float32)
+    layer = lnn.Einsum(
+        shape=(64, 4, 8),
+        logical_axes=("embed", "heads", "kv"),
+        dtype=jnp.bfloat16,
+        kernel_layout=layout,
+    )
+    params = nn.meta.unbox(layer.init(jax.random.key(0), "BTD,DNH->BTNH", x))
+    apply = lambda p, x: layer.apply(p, "BTD,DNH->BTNH", x)
+    dots = [e for e in jax.make_jaxpr(apply)(params, x).eqns if e.primitive.name == "dot_general"]
+    assert [e.params["preferred_element_type"] for e in dots] == [jnp.float32]
+    assert [tuple(v.aval.dtype for v in e.invars) for e in dots] == [(jnp.bfloat16,) * 2]
+    y = apply(params, x)
+    assert y.dtype == jnp.bfloat16
+    kernel = np.asarray(params["params"]["kernel"]).astype(jnp.bfloat16).astype(np.float32)
+    if layout == "out_in":  # stored [N, H, D]
+        kernel = np.transpose(kernel, (2, 0, 1))
+    rounded = x.astype(jnp.bfloat16).astype(np.float32)
+    expected = np.tensordot(rounded, kernel, axes=([2], [0])).astype(jnp.bfloat16)
+    np.testing.assert_allclose(
+        np.asarray(y, np.float32), expected.astype(np.float32), rtol=2**-7, atol=1e-6
+    )
+
+
 def test_swiglu_matches_numpy():
     x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype(np.float32)
     layer = lnn.SwiGLU(mlp_dim=16)
