@@ -6,7 +6,8 @@ per key/value head: the same count for every head of a layer, not the same token
 the position they were computed at), and appends new tokens after them in an ordinary
 ``lhc.lm.KVCache`` (the *tail*): it follows the cache protocol of ``lhc.lm.cache``, so
 ``lhc.lm.generate`` answers a query on it. Attention reads the memory through a
-``KVView`` whose key positions are per head (``[B, K, S]``), masked like any other.
+``KVView`` whose key positions are per head (``[B, K, S]``), masked like any other, block
+by block up to the last held slot (``attention_with_blocked_prefix``).
 
 A memory's arrays may be longer than what it holds (slots at position -1 are empty, so
 that a growing memory keeps its shapes, and compiled programs, for a while); ``sizes``
@@ -27,12 +28,57 @@ from jax.sharding import PartitionSpec
 
 from lhc.lm.cache import CACHE_LAYER_KV_AXES, KVCache, init_cache
 from lhc.nn.attention import KVView
+from lhc.nn.attention_ops import attention_with_blocked_prefix
 
 # Memory slots are allocated in multiples of this, so that a memory growing chunk by
 # chunk reuses compiled programs.
 SLOT_BUCKET = 64
 # Capacities (``capacity_slots``) are multiples of this.
 CAPACITY_BUCKET = 512
+# Attention reads a memory this many slots at a time, up to its last held slot.
+MEMORY_BLOCK = 128
+
+
+@struct.dataclass
+class _MemoryView(KVView):
+    """One layer's memory (per-head slots), then the tail (``keys``, ``values``,
+    ``positions``: what it held before this call), then this call's keys.
+
+    Attention reads the memory ``MEMORY_BLOCK`` slots at a time up to its last held
+    slot (``attention_with_blocked_prefix``): a memory padded for its future growth costs
+    what it holds, not its capacity.
+    """
+
+    memory_keys: jax.Array | None = None  # [B, K, M, H]
+    memory_values: jax.Array | None = None
+    memory_positions: jax.Array | None = None  # int32 [B, K, M]
+
+    def segments(self) -> list[tuple[jax.Array, ...]]:
+        memory = (
+            jnp.swapaxes(self.memory_keys, 1, 2),  # [B, M, K, H]
+            jnp.swapaxes(self.memory_values, 1, 2),
+            self.memory_positions,
+        )
+        return [memory, *super().segments()]
+
+    def attend(self, query, query_positions, *, impl, window, dtype, alibi_slopes=None):
+        del impl  # plain XLA: per-head positions
+        segments = [(k.astype(dtype), v.astype(dtype), *rest) for k, v, *rest in super().segments()]
+        memory = (
+            self.memory_keys.astype(dtype),
+            self.memory_values.astype(dtype),
+            self.memory_positions,
+        )
+        return attention_with_blocked_prefix(
+            query,
+            memory,
+            segments,
+            query_positions,
+            scale=query.shape[-1] ** -0.5,
+            window=window,
+            alibi_slopes=alibi_slopes,
+            block=MEMORY_BLOCK,
+        )
 
 
 @struct.dataclass
@@ -45,16 +91,10 @@ class _MemoryWriter:
 
     def read(self, layers, layer, keys, values) -> KVView:
         view = self.tail.read(layers, layer, keys, values)
-        held_keys = jnp.swapaxes(self.keys[layer], 1, 2)  # [B, M, K, H]
-        held_values = jnp.swapaxes(self.values[layer], 1, 2)
-        heads = held_keys.shape[2]
-        tail_positions = jnp.broadcast_to(
-            view.positions[:, None, :], (view.positions.shape[0], heads, view.positions.shape[1])
-        )
-        return KVView(
-            keys=jnp.concatenate([held_keys, view.keys.astype(held_keys.dtype)], axis=1),
-            values=jnp.concatenate([held_values, view.values.astype(held_values.dtype)], axis=1),
-            positions=jnp.concatenate([self.positions[layer], tail_positions], axis=-1),
+        return _MemoryView(
+            keys=view.keys,
+            values=view.values,
+            positions=view.positions,
             new_keys=view.new_keys,
             new_values=view.new_values,
             new_positions=view.new_positions,
@@ -63,6 +103,9 @@ class _MemoryWriter:
                 if self.segment_ids is None
                 else self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
             ),
+            memory_keys=self.keys[layer],
+            memory_values=self.values[layer],
+            memory_positions=self.positions[layer],
         )
 
     def write(self, layers, layer, keys, values, *, after):

@@ -17,9 +17,10 @@ with the slopes of ``alibi_slopes`` (``impl="xla"`` only).
 
 Besides the dispatcher: ``attention_segments`` (one softmax over several key segments,
 a cache and this call's keys, without concatenating them), ``segment_weights`` (its
-probabilities), ``banded_self_attention`` (sliding-window self-attention in
-``O(T * (window + block))``) and ``weighted_values`` (probabilities times values with a
-float32 accumulator).
+probabilities), ``attention_with_blocked_prefix`` (the same with a first segment read
+block by block up to its last held key: a store padded for growth costs what it holds),
+``banded_self_attention`` (sliding-window self-attention in ``O(T * (window + block))``)
+and ``weighted_values`` (probabilities times values with a float32 accumulator).
 """
 
 from __future__ import annotations
@@ -119,28 +120,20 @@ def segment_weights(
     """The attention probabilities of ``query`` over several key segments: float32
     ``[B, K, G, T, S_i]`` per segment (query head ``n = k G + g``), one softmax over all
     segments (``attention_segments`` has the arguments). Rows that see no key are zero."""
-    batch, length, num_heads, head_dim = query.shape
-    num_kv_heads = segments[0][0].shape[2]
-    group = num_heads // num_kv_heads
-    rows = jnp.transpose(
-        query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
-    )
-    rows = rows.reshape(batch, num_kv_heads, group * length, head_dim)  # [B, K, Q, H]
+    rows = _query_rows(query, segments[0][0].shape[2])
     logits, masks = [], []
     for keys, _, key_positions, *extra in segments:
-        keys = jnp.swapaxes(keys, 1, 2)  # [B, K, S, H]
-        scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
-        scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
-        if alibi_slopes is not None:
-            per_head = key_positions if key_positions.ndim == 3 else key_positions[:, None]
-            distance = query_positions[:, None, :, None] - per_head[:, :, None, :]
-            slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
-            scores = scores - slopes[None, :, :, None, None] * distance[:, :, None].astype(
-                jnp.float32
-            )
-        mask = _segment_mask(query_positions, key_positions, window, extra[0] if extra else None)
-        # A finite fill keeps fully masked rows (padding queries) free of NaN.
-        logits.append(jnp.where(mask, scores, jnp.finfo(jnp.float32).min))
+        x, mask = _masked_logits(
+            rows,
+            jnp.swapaxes(keys, 1, 2),
+            key_positions,
+            extra[0] if extra else None,
+            query_positions,
+            scale=scale,
+            window=window,
+            alibi_slopes=alibi_slopes,
+        )
+        logits.append(x)
         masks.append(mask)
     # The softmax is shift-invariant: no gradient flows through the shift.
     top = jax.lax.stop_gradient(
@@ -148,8 +141,139 @@ def segment_weights(
     )
     weights = [jnp.where(m, jnp.exp(x - top), 0.0) for x, m in zip(logits, masks)]
     total = sum(jnp.sum(w, axis=-1, keepdims=True) for w in weights)
-    inverse = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
-    return [w * inverse for w in weights]
+    return [w * _inverse(total) for w in weights]
+
+
+def _query_rows(query: jax.Array, num_kv_heads: int) -> jax.Array:
+    """``[B, K, G * T, H]``: the queries of each key/value head's group as the rows of
+    one matmul (query head ``n = k G + g``)."""
+    batch, length, num_heads, head_dim = query.shape
+    group = num_heads // num_kv_heads
+    rows = jnp.transpose(
+        query.reshape(batch, length, num_kv_heads, group, head_dim), (0, 2, 3, 1, 4)
+    )
+    return rows.reshape(batch, num_kv_heads, group * length, head_dim)
+
+
+def _masked_logits(
+    rows, keys, key_positions, extra, query_positions, *, scale, window, alibi_slopes
+) -> tuple[jax.Array, jax.Array]:
+    """float32 scores ``[B, K, G, T, S]`` of ``rows [B, K, G * T, H]`` against heads-major
+    ``keys [B, K, S, H]``, masked positions filled with the float32 minimum, and the
+    mask (``_segment_mask``)."""
+    batch, num_kv_heads, _, _ = rows.shape
+    length = query_positions.shape[1]
+    group = rows.shape[2] // length
+    scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
+    if alibi_slopes is not None:
+        per_head = key_positions if key_positions.ndim == 3 else key_positions[:, None]
+        distance = query_positions[:, None, :, None] - per_head[:, :, None, :]
+        slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)
+        scores = scores - slopes[None, :, :, None, None] * distance[:, :, None].astype(jnp.float32)
+    mask = _segment_mask(query_positions, key_positions, window, extra)
+    # A finite fill keeps fully masked rows (padding queries) free of NaN.
+    return jnp.where(mask, scores, jnp.finfo(jnp.float32).min), mask
+
+
+def _inverse(total: jax.Array) -> jax.Array:
+    """``1 / total``, 0 where ``total`` is 0 (rows that see no key)."""
+    return jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def attention_with_blocked_prefix(
+    query: jax.Array,
+    prefix: tuple[jax.Array, jax.Array, jax.Array],
+    segments: Sequence[tuple[jax.Array, ...]],
+    query_positions: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    alibi_slopes: jax.Array | np.ndarray | None = None,
+    block: int = 128,
+) -> jax.Array:
+    """``attention_segments`` over a prefix segment and ``segments``, reading of the
+    prefix only the blocks up to its last held key.
+
+    A store whose arrays are longer than what it holds (empty slots, position -1, after
+    its keys, so that its shapes and compiled programs last while it grows) costs, read
+    densely, as much as if it were full. Here the prefix is read ``block`` slots at a
+    time in a loop that stops after the last block holding a key of any sequence or head
+    (a run-time count: one program serves every fill), with an online softmax shared with
+    the other segments (read densely). Equal to ``attention_segments(query, [prefix,
+    *segments], ...)``; forward only (the loop's length is traced).
+
+    Args:
+        query: ``[B, T, N, H]``.
+        prefix: ``(keys [B, K, M, H], values [B, K, M, H], positions)``, heads-major (a
+            cache's own layout), positions int ``[B, K, M]`` or ``[B, M]``.
+        segments: as for ``attention_segments`` (token-major keys and values).
+        query_positions: int ``[B, T]``.
+        scale, window, alibi_slopes: as for ``attention_segments``.
+        block: prefix slots per step of the loop (the prefix is padded with empty slots
+            to a multiple of it).
+
+    Returns:
+        ``[B, T, N, H]`` in the prefix values' dtype.
+    """
+    keys, values, positions = prefix
+    batch, length, num_heads, head_dim = query.shape
+    num_kv_heads, slots = keys.shape[1], keys.shape[2]
+    block = min(block, slots)
+    if slots % block:  # empty slots up to a whole block
+        extra = block - slots % block
+        keys, values = (jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))) for x in (keys, values))
+        pad = [(0, 0)] * (positions.ndim - 1) + [(0, extra)]
+        positions = jnp.pad(positions, pad, constant_values=-1)
+        slots += extra
+    rows = _query_rows(query, num_kv_heads)
+    settings = dict(scale=scale, window=window, alibi_slopes=alibi_slopes)
+    flat = lambda x: x.reshape(batch, num_kv_heads, -1, x.shape[-1])  # [B, K, G*T, S]
+
+    # The dense segments start the softmax's running state: (max, total, weighted sum).
+    top = jnp.full(
+        (batch, num_kv_heads, rows.shape[2] // length, length, 1), jnp.finfo(jnp.float32).min
+    )
+    parts = []
+    for seg_keys, seg_values, seg_positions, *extra in segments:
+        logits, mask = _masked_logits(
+            rows,
+            jnp.swapaxes(seg_keys, 1, 2),
+            seg_positions,
+            extra[0] if extra else None,
+            query_positions,
+            **settings,
+        )
+        top = jnp.maximum(top, jnp.max(logits, axis=-1, keepdims=True))
+        parts.append((logits, mask, seg_values))
+    total = jnp.zeros(top.shape, jnp.float32)
+    acc = jnp.zeros((batch, num_kv_heads, rows.shape[2], head_dim), jnp.float32)
+    for logits, mask, seg_values in parts:
+        weights = jnp.where(mask, jnp.exp(logits - top), 0.0)
+        total = total + jnp.sum(weights, axis=-1, keepdims=True)
+        acc = acc + weighted_values(flat(weights), seg_values)
+
+    held = jnp.max(jnp.where(positions >= 0, jnp.arange(1, slots + 1, dtype=jnp.int32), 0))
+    take = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * block, block, axis=-2)
+
+    def step(i, state):
+        top, total, acc = state
+        block_positions = jax.lax.dynamic_slice_in_dim(positions, i * block, block, axis=-1)
+        logits, mask = _masked_logits(
+            rows, take(keys, i), block_positions, None, query_positions, **settings
+        )
+        new_top = jnp.maximum(top, jnp.max(logits, axis=-1, keepdims=True))
+        rescale = jnp.exp(top - new_top)
+        weights = jnp.where(mask, jnp.exp(logits - new_top), 0.0)
+        total = total * rescale + jnp.sum(weights, axis=-1, keepdims=True)
+        part = weighted_values(flat(weights), jnp.swapaxes(take(values, i), 1, 2))
+        return new_top, total, acc * flat(rescale) + part
+
+    num_blocks = (held + block - 1) // block
+    top, total, acc = jax.lax.fori_loop(0, num_blocks, step, (top, total, acc))
+    out = acc * flat(_inverse(total))
+    out = jnp.transpose(out.reshape(batch, num_kv_heads, -1, length, head_dim), (0, 3, 1, 2, 4))
+    return out.reshape(batch, length, num_heads, head_dim).astype(values.dtype)
 
 
 def attention_segments(

@@ -236,3 +236,54 @@ def test_banded_self_attention_equals_windowed_attention(window, block):
             q, k, v, positions, window=window, alibi_slopes=alibi, block=block
         )
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+def test_attention_with_blocked_prefix_matches_brute_force_and_skips_empty_blocks(alibi):
+    from lhc.nn.attention_ops import attention_with_blocked_prefix
+
+    rng = np.random.default_rng(7)
+    batch, length, num_heads, num_kv_heads, head_dim, slots, new = 2, 4, 4, 2, 4, 21, 3
+    q = rng.normal(size=(batch, length, num_heads, head_dim)).astype(np.float32)
+    keys = rng.normal(size=(batch, num_kv_heads, slots, head_dim)).astype(np.float32)
+    values = rng.normal(size=(batch, num_kv_heads, slots, head_dim)).astype(np.float32)
+    # Per-head prefix positions with holes; the last held slot is 13 (head 1 of sequence
+    # 0), so with blocks of 8 only slots 0-15 may be read: NaN after them must not show.
+    positions = np.full((batch, num_kv_heads, slots), -1)
+    positions[:, :, :10] = rng.permutation(10)
+    positions[0, 0, 3:6] = -1
+    positions[0, 1, 13] = 11
+    values[:, :, 16:] = np.nan
+    keys[:, :, 16:] = np.nan
+    new_keys = rng.normal(size=(batch, new, num_kv_heads, head_dim)).astype(np.float32)
+    new_values = rng.normal(size=(batch, new, num_kv_heads, head_dim)).astype(np.float32)
+    new_positions = np.array([[12, 13, 14], [12, -1, 13]])
+    q_pos = np.array([[12, 13, 14, -1], [0, 12, 13, 20]])
+    slopes = lnn.alibi_slopes(num_heads) if alibi else None
+    got = attention_with_blocked_prefix(
+        jnp.asarray(q),
+        (jnp.asarray(keys), jnp.asarray(values), jnp.asarray(positions)),
+        [(jnp.asarray(new_keys), jnp.asarray(new_values), jnp.asarray(new_positions))],
+        jnp.asarray(q_pos),
+        scale=head_dim**-0.5,
+        alibi_slopes=slopes,
+        block=8,
+    )
+    # Brute force per key/value head (each has its own prefix positions).
+    group = num_heads // num_kv_heads
+    expected = np.zeros(q.shape)
+    for head in range(num_kv_heads):
+        heads = slice(head * group, (head + 1) * group)
+        k = np.concatenate([np.swapaxes(keys, 1, 2)[:, :, head], new_keys[:, :, head]], 1)
+        v = np.concatenate([np.swapaxes(values, 1, 2)[:, :, head], new_values[:, :, head]], 1)
+        k_pos = np.concatenate([positions[:, head], new_positions], 1)
+        expected[:, :, heads] = _brute_force_attention(
+            q[:, :, heads],
+            k[:, :, None],
+            v[:, :, None],
+            q_pos,
+            k_pos,
+            None if slopes is None else slopes[heads],
+        )
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(got, expected, atol=1e-5)
