@@ -10,7 +10,7 @@ prompt of ``C - new_tokens`` tokens, twice, in the same run:
   width, which is kinder to it than the official one-sequence PyTorch loop).
 
 The model is the paper's SAT model (6 layers, width 384, 10.6M parameters; ``--size
-tiny`` for a small one) with random weights, sampling at temperature 1 over the SAT
+tiny``: the configs' tiny model, 4 layers of width 128) with random weights, sampling at temperature 1 over the SAT
 vocabulary, so ``[CALL]``/``[SEP]``/``[RETURN]`` come up and reductions happen along the
 way; both runs draw the same tokens (the table says whether they did). Tokens per
 second count generated tokens in the fastest of ``--repeats`` runs (default 1), after a
@@ -35,7 +35,8 @@ from lhc.pencil.experiment import model_fields
 from lhc.pencil.generation import generate, generate_recompute
 from lhc.pencil.problems import make_problem, tokenizer_for
 
-SIZES = {"paper": (6, 6, 384), "tiny": (2, 4, 64)}  # layers, heads, width
+# layers, heads, width: the paper's SAT model and the configs' tiny one
+SIZES = {"paper": (6, 6, 384), "tiny": (4, 4, 128)}
 
 
 def bench_model(size: str, max_len: int) -> tuple[LMConfig, Any]:

@@ -403,6 +403,16 @@ def _last_logits(model, params, tokens, positions, last):
     return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
 
 
+@jax.jit
+def _draw(rng, logits, sampling):
+    """One token per row and its log-probability under the unprocessed logits (jitted:
+    ``sample_tokens`` with array sampling parameters branches under ``lax.cond``, which
+    run eagerly would compile on every call)."""
+    drawn, _ = sample_tokens(rng, logits, sampling)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), drawn[:, None], -1)[:, 0]
+    return drawn, log_probs
+
+
 def generate_recompute(
     model,
     params,
@@ -452,11 +462,8 @@ def generate_recompute(
                 positions[b, : len(context)] = np.arange(len(context))
         last = np.array([0 if done[b] else len(c) - 1 for b, c in enumerate(contexts)], np.int32)
         logits = _last_logits(model, params, jnp.asarray(tokens), jnp.asarray(positions), last)
-        drawn, _ = sample_tokens(jax.random.fold_in(rng, step), logits, sampling_arrays)
-        drawn = np.asarray(drawn)
-        token_log_probs = np.asarray(
-            jnp.take_along_axis(jax.nn.log_softmax(logits, -1), jnp.asarray(drawn)[:, None], -1)
-        )[:, 0]
+        drawn, token_log_probs = _draw(jax.random.fold_in(rng, step), logits, sampling_arrays)
+        drawn, token_log_probs = np.asarray(drawn), np.asarray(token_log_probs)
         for b in range(batch):
             if done[b]:
                 continue

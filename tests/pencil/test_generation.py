@@ -103,3 +103,21 @@ def test_errors_and_trace_rate():
         call([[3], []], max_new_tokens=4, context_limit=16)
     assert generation.trace_rate([1, 2, 3, 9], [1, 5, 3]) == pytest.approx(2 / 3)
     assert generation.trace_rate([], [1, 2]) == 0.0
+
+
+def test_recomputation_compiles_nothing_once_its_shapes_are_compiled():
+    # A baseline that compiled per token (sampling's lax.cond run eagerly) would be
+    # timed on compiling, not on recomputing.
+    _recomputed()
+    compiled = []
+
+    def record(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+    try:
+        _run(generation.generate_recompute)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(record)
+    assert compiled == []
