@@ -155,6 +155,13 @@ def _query_rows(query: jax.Array, num_kv_heads: int) -> jax.Array:
     return rows.reshape(batch, num_kv_heads, group * length, head_dim)
 
 
+def _query_layout(rows: jax.Array, length: int) -> jax.Array:
+    """``[B, T, N, H]`` from rows ``[B, K, G * T, H]`` (the inverse of ``_query_rows``)."""
+    batch, num_kv_heads, _, head_dim = rows.shape
+    out = jnp.transpose(rows.reshape(batch, num_kv_heads, -1, length, head_dim), (0, 3, 1, 2, 4))
+    return out.reshape(batch, length, -1, head_dim)
+
+
 def _masked_logits(
     rows, keys, key_positions, extra, query_positions, *, scale, window, alibi_slopes
 ) -> tuple[jax.Array, jax.Array]:
@@ -272,8 +279,7 @@ def attention_with_blocked_prefix(
     num_blocks = (held + block - 1) // block
     top, total, acc = jax.lax.fori_loop(0, num_blocks, step, (top, total, acc))
     out = acc * flat(_inverse(total))
-    out = jnp.transpose(out.reshape(batch, num_kv_heads, -1, length, head_dim), (0, 3, 1, 2, 4))
-    return out.reshape(batch, length, num_heads, head_dim).astype(values.dtype)
+    return _query_layout(out, length).astype(values.dtype)
 
 
 def attention_segments(
@@ -320,8 +326,7 @@ def attention_segments(
         w = w.reshape(batch, num_kv_heads, group * length, -1)
         part = weighted_values(w, values)
         out = part if out is None else out + part
-    out = jnp.transpose(out.reshape(batch, num_kv_heads, group, length, head_dim), (0, 3, 1, 2, 4))
-    return out.reshape(batch, length, num_heads, head_dim).astype(segments[0][1].dtype)
+    return _query_layout(out, length).astype(segments[0][1].dtype)
 
 
 def banded_self_attention(
