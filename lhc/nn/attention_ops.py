@@ -224,7 +224,7 @@ def attention_with_blocked_prefix(
         ``[B, T, N, H]`` in the prefix values' dtype.
     """
     keys, values, positions = prefix
-    batch, length, num_heads, head_dim = query.shape
+    batch, length, _, head_dim = query.shape
     num_kv_heads, slots = keys.shape[1], keys.shape[2]
     block = min(block, slots)
     if slots % block:  # empty slots up to a whole block
