@@ -12,9 +12,9 @@ prompt of ``C - new_tokens`` tokens, twice, in the same run:
 The model is the paper's SAT model (6 layers, width 384, 10.6M parameters; ``--size
 tiny``: the configs' tiny model, 4 layers of width 128) with random weights, sampling at
 temperature 1 over the SAT vocabulary, so ``[CALL]``/``[SEP]``/``[RETURN]`` come up and
-reductions happen along the way; both runs draw the same tokens (the table says whether they did). Tokens per
-second count generated tokens in the fastest of ``--repeats`` runs (default 1), after a
-warm-up run that compiles every shape.
+reductions happen along the way; both runs draw the same tokens (the table says whether
+they did). Tokens per second count generated tokens in the fastest of ``--repeats`` runs
+(default 1), after a warm-up run that compiles every shape.
 
     lhc bench pencil --contexts 512,1024,2048 --new-tokens 64
 """
