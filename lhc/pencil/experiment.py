@@ -121,6 +121,7 @@ def sized_config(
     max_new_tokens: dict[str, int],
     problem_params: dict | None = None,
     arg_name: str | None = None,
+    eval_params: dict[str, dict] | None = None,
 ) -> ml_collections.ConfigDict:
     """The body of ``configs/pencil_<problem>.py``'s ``get_config(arg)``.
 
@@ -132,11 +133,13 @@ def sized_config(
             a smoke test).
         problem: the problem's name.
         sizes: per size ``(context, layers, heads, width, dropout, batch, steps, dtype,
-            default problem size)``.
+            default problem size)``; a list of problem sizes is a default mixture.
         size_param: the problem parameter the last entry sets (``num_vars``, ``size``).
         max_new_tokens: per size, the generation cap in evaluation.
         problem_params: the problem's other parameters.
         arg_name: the name of ``size_param`` in ``arg`` (default ``size_param``).
+        eval_params: per size, fields of ``config.pencil_eval`` to set (e.g. the number
+            of held-out instances and the temperature of a recorded experiment).
     """
     arg_name = arg_name or size_param
     arg = parse_arg(arg, size="tiny", format="pencil", runlocal=False, mix="", **{arg_name: 0})
@@ -144,7 +147,7 @@ def sized_config(
         raise ValueError(f"config arg size must be one of {sorted(sizes)}, got {arg.size!r}")
     context, layers, heads, width, dropout, batch, steps, dtype, default = sizes[arg.size]
     problem_size = _mix_sizes(arg.mix) if arg.mix else arg[arg_name] or default
-    return pencil_config(
+    config = pencil_config(
         problem=problem,
         problem_params={**(problem_params or {}), size_param: problem_size},
         trace_format=arg.format,
@@ -159,6 +162,9 @@ def sized_config(
         eval_instances=4 if arg.runlocal else 100,
         max_new_tokens=64 if arg.runlocal else max_new_tokens[arg.size],
     )
+    if not arg.runlocal:
+        config.pencil_eval.update((eval_params or {}).get(arg.size, {}))
+    return config
 
 
 def _mix_sizes(spec: str) -> list[int]:

@@ -159,6 +159,25 @@ def test_a_mixture_of_sizes_draws_each_size_and_shares_the_largest_vocabulary():
         make_problem("qbf", num_vars=[3, 3])
 
 
+def test_the_scaling_preset_is_the_recorded_command():
+    # experiments/pencil/README.md records the QBF scaling runs as this command line.
+    recorded = load_config(
+        "configs/pencil_qbf.py:tiny,mix=3-6,format=cot",
+        [
+            "model.max_len=512",
+            "data.context_limit=512",
+            "num_steps=2400",
+            "pencil_eval.num_instances=200",
+            "pencil_eval.temperature=0.0",
+            "pencil_eval.batch_size=100",
+        ],
+    )
+    preset = load_config("configs/pencil_qbf.py:scaling,format=cot")
+    assert preset.to_dict() == recorded.to_dict()
+    single = load_config("configs/pencil_qbf.py:scaling,num_vars=4")
+    assert single.data.problem_params.num_vars == 4
+
+
 def test_a_mixture_trains_and_is_evaluated_size_by_size(tmp_path):
     config = load_config(
         "configs/pencil_qbf.py:tiny,mix=3-4",
