@@ -15,7 +15,7 @@ context limit ``L`` (the paper's 2048):
 Metrics, as in the paper: accuracy (the answer is the last label token of the whole
 generated trace, ``lhc.pencil.problems.parse_answer``), trace rate (the fraction of the
 ground-truth trace matched position by position by the generated trace, before any
-reduction); and the cost: the largest context each sequence needed and the tokens it
+reduction), and the share of whole traces reproduced token for token; and the cost: the largest context each sequence needed and the tokens it
 generated.
 """
 
@@ -44,6 +44,8 @@ class EvalResult:
         method: ``"pencil"`` or ``"cot"``.
         correct: bool ``[n]``.
         trace_rates: float ``[n]``.
+        exact_traces: bool ``[n]``, the generated trace (before reduction) is the
+            reference trace token for token, end of text included.
         max_context: int ``[n]``, the largest context each needed (prompt included).
         generated: int ``[n]``, tokens generated.
         finished: bool ``[n]``, the end-of-text token was generated.
@@ -55,6 +57,7 @@ class EvalResult:
     method: str
     correct: np.ndarray
     trace_rates: np.ndarray
+    exact_traces: np.ndarray
     max_context: np.ndarray
     generated: np.ndarray
     finished: np.ndarray
@@ -70,6 +73,7 @@ class EvalResult:
             "accuracy_low": low,
             "accuracy_high": high,
             "trace_rate": self.trace_rates.mean(),
+            "exact_trace": self.exact_traces.mean(),
             "max_context_mean": self.max_context.mean(),
             "max_context_max": self.max_context.max(),
             "generated_tokens_mean": self.generated.mean(),
@@ -127,7 +131,8 @@ def evaluate_generation(
             max_len=max(model.config.max_len, context_limit) + max_new_tokens + 1024,
         )
         cot_model = lm.Transformer(config)
-    fields = {name: [] for name in ("correct", "rate", "context", "generated", "finished", "over")}
+    names = ("correct", "rate", "exact", "context", "generated", "finished", "over")
+    fields = {name: [] for name in names}
     for start in range(0, len(instances), batch_size):
         batch = list(instances[start : start + batch_size])
         prompts = [tokenizer.encode(instance.prompt) for instance in batch]
@@ -169,7 +174,9 @@ def evaluate_generation(
             fields["correct"].append(
                 answer == instance.label and not (method == "pencil" and over[b])
             )
-            fields["rate"].append(generation.trace_rate(trace, tokenizer.encode(instance.trace)))
+            reference = tokenizer.encode(instance.trace)
+            fields["rate"].append(generation.trace_rate(trace, reference))
+            fields["exact"].append(trace == list(reference))
             fields["context"].append(int(contexts[b]))
             fields["generated"].append(int(lengths[b]))
             fields["finished"].append(finished)
@@ -178,6 +185,7 @@ def evaluate_generation(
         method=method,
         correct=np.array(fields["correct"], bool),
         trace_rates=np.array(fields["rate"], float),
+        exact_traces=np.array(fields["exact"], bool),
         max_context=np.array(fields["context"], int),
         generated=np.array(fields["generated"], int),
         finished=np.array(fields["finished"], bool),

@@ -4,10 +4,12 @@ configs, and two training steps with evaluation by generation through the traine
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from lhc.pencil import evaluation
 from lhc.pencil.evaluation import EvalResult, comparison_table
 from lhc.pencil.problems import make_problem, tokenizer_for
 from lhc.pencil.reduction import Subsequence, reduce
@@ -110,6 +112,7 @@ def test_eval_result_metrics_and_table():
         method="pencil",
         correct=np.array([True, False, True, True]),
         trace_rates=np.array([1.0, 0.5, 1.0, 0.5]),
+        exact_traces=np.array([True, False, True, False]),
         max_context=np.array([100, 120, 90, 310]),
         generated=np.array([400, 380, 420, 200]),
         finished=np.array([True, True, True, False]),
@@ -118,6 +121,7 @@ def test_eval_result_metrics_and_table():
     )
     metrics = result.metrics(prefix="eval/pencil/")
     assert metrics["eval/pencil/accuracy"] == 0.75 and metrics["eval/pencil/trace_rate"] == 0.75
+    assert metrics["eval/pencil/exact_trace"] == 0.5
     assert (
         metrics["eval/pencil/max_context_max"] == 310 and metrics["eval/pencil/over_limit"] == 0.25
     )
@@ -129,6 +133,44 @@ def test_eval_result_metrics_and_table():
         "limit 300" in table
         and "| pencil | 0.75 | 0.750 | 155 / 310 | 350 | 0.75 | 0.25 |" in table
     )
+
+
+def test_an_oracle_scores_every_trace_exact_and_one_slip_breaks_it(monkeypatch):
+    # The scoring of evaluate_generation against a generator that writes the solver's
+    # trace (with one token changed in the second instance): closed-form metrics.
+    instances = [_instance(seed) for seed in range(3)]
+    traces = [TOKENIZER.encode(instance.trace) for instance in instances]
+    slipped = list(traces[1])
+    slipped[5] = TOKENIZER.call_id if slipped[5] != TOKENIZER.call_id else TOKENIZER.sep_id
+    written = [traces[0], slipped, traces[2]]
+
+    def oracle(model, params, prompts, tokenizer, **kwargs):
+        width = max(map(len, written))
+        tokens = np.full((len(prompts), width), TOKENIZER.pad_id)
+        for b, trace in enumerate(written):
+            tokens[b, : len(trace)] = trace
+        return SimpleNamespace(
+            tokens=tokens,
+            lengths=np.array([len(t) for t in written]),
+            max_context=np.array([10, 20, 30]),
+            overflowed=np.zeros(3, bool),
+        )
+
+    monkeypatch.setattr(evaluation.generation, "generate", oracle)
+    result = evaluation.evaluate_generation(
+        None,
+        None,
+        instances,
+        TOKENIZER,
+        PROBLEM.labels(),
+        method="pencil",
+        context_limit=4096,
+        max_new_tokens=4096,
+    )
+    assert result.exact_traces.tolist() == [True, False, True]
+    assert result.correct.all() and result.finished.all()
+    rates = result.trace_rates
+    assert rates[0] == rates[2] == 1.0 and rates[1] == 1 - 1 / len(traces[1])
 
 
 def test_pencil_rows_train_every_trace_token_equally_often():
