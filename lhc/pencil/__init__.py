@@ -22,7 +22,12 @@ thought. This package has:
 """
 
 from lhc.pencil.einstein import Einstein
-from lhc.pencil.evaluation import EvalResult, comparison_table, evaluate_generation
+from lhc.pencil.evaluation import (
+    EvalResult,
+    comparison_table,
+    evaluate_generation,
+    generate_cot,
+)
 from lhc.pencil.generation import PencilOutput, generate, generate_recompute, trace_rate
 from lhc.pencil.problems import (
     Instance,
@@ -71,6 +76,7 @@ __all__ = [
     "EvalResult",
     "PencilOutput",
     "comparison_table",
+    "generate_cot",
     "evaluate_generation",
     "generate",
     "generate_recompute",

@@ -83,6 +83,46 @@ class EvalResult:
         return {prefix + name: float(value) for name, value in values.items()}
 
 
+def generate_cot(
+    model: lm.Transformer,
+    params,
+    prompts: Sequence[Sequence[int]],
+    tokenizer,
+    *,
+    context_limit: int,
+    max_new_tokens: int,
+    sampling: SamplingParams = generation.GREEDY,
+    rng: jax.Array | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Chain of thought: whole traces, the model attending to the last ``context_limit``
+    tokens (a sliding window; positions go as far as the trace does).
+
+    Returns:
+        ``(tokens int [B, T], lengths int [B], contexts int [B], over bool [B])``: the
+        generated tokens (end of text included), the largest context each sequence
+        needed (prompt included) and whether it went past the limit.
+    """
+    config = model.config.replace(
+        sliding_window=int(context_limit),
+        max_len=max(model.config.max_len, context_limit) + max_new_tokens + 1024,
+    )
+    out = lm.generate(
+        lm.Transformer(config),
+        params,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        rng=jax.random.key(0) if rng is None else rng,
+        stop_tokens=[tokenizer.eos_id],
+        pad_id=tokenizer.pad_id,
+    )
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    # Each token but a final end of text is fed: the context it needed.
+    ends = np.array([tokens[b, n - 1] == tokenizer.eos_id for b, n in enumerate(lengths)])
+    contexts = np.array([len(p) for p in prompts]) + lengths - ends
+    return tokens, lengths, contexts, contexts > context_limit
+
+
 def evaluate_generation(
     model: lm.Transformer,
     params,
@@ -124,13 +164,6 @@ def evaluate_generation(
     if not sampling.greedy and rng is None:
         raise ValueError("rng is required when sampling (temperature > 0)")
     rng = jax.random.key(0) if rng is None else rng
-    if method == "cot":
-        # Attention over the last L tokens, positions as far as the trace goes.
-        config = model.config.replace(
-            sliding_window=int(context_limit),
-            max_len=max(model.config.max_len, context_limit) + max_new_tokens + 1024,
-        )
-        cot_model = lm.Transformer(config)
     names = ("correct", "rate", "exact", "context", "generated", "finished", "over")
     fields = {name: [] for name in names}
     for start in range(0, len(instances), batch_size):
@@ -151,21 +184,16 @@ def evaluate_generation(
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
             contexts, over = np.asarray(out.max_context), np.asarray(out.overflowed)
         else:
-            out = lm.generate(
-                cot_model,
+            tokens, lengths, contexts, over = generate_cot(
+                model,
                 params,
                 prompts,
+                tokenizer,
+                context_limit=context_limit,
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
                 rng=batch_rng,
-                stop_tokens=[tokenizer.eos_id],
-                pad_id=tokenizer.pad_id,
             )
-            tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-            # Each token but a final end of text is fed: the context it needed.
-            ends = np.array([tokens[b, n - 1] == tokenizer.eos_id for b, n in enumerate(lengths)])
-            contexts = np.array([len(p) for p in prompts]) + lengths - ends
-            over = contexts > context_limit
         for b, instance in enumerate(batch):
             trace = tokens[b, : lengths[b]].tolist()
             finished = bool(lengths[b]) and trace[-1] == tokenizer.eos_id

@@ -121,3 +121,29 @@ def test_recomputation_compiles_nothing_once_its_shapes_are_compiled():
     finally:
         jax.monitoring.unregister_event_duration_listener(record)
     assert compiled == []
+
+
+def test_cot_window_equals_cropping_the_context_and_recomputing():
+    # The official code crops the context to its last L tokens and runs the model on
+    # them for every token; with RoPE the sliding window sees the same relative
+    # positions. Greedy, a limit the traces pass.
+    from lhc.pencil.evaluation import generate_cot
+
+    model, params, limit, new = lm.Transformer(CONFIG), _params(), 10, 24
+    tokens, lengths, contexts, over = generate_cot(
+        model, params, PROMPTS, TOKENIZER, context_limit=limit, max_new_tokens=new
+    )
+    forward = jax.jit(lambda t, p: model.apply({"params": params}, t, p)[0][0, -1])
+    for b, prompt in enumerate(PROMPTS):
+        sequence = list(prompt)
+        while len(sequence) - len(prompt) < new and sequence[-1] != TOKENIZER.eos_id:
+            window = sequence[-limit:]
+            pad = limit - len(window)  # left padding (negative positions): one shape
+            positions = [-1] * pad + list(range(len(window)))
+            window = [TOKENIZER.pad_id] * pad + window
+            sequence.append(int(jnp.argmax(forward(jnp.array([window]), jnp.array([positions])))))
+        expected = sequence[len(prompt) :]
+        assert np.asarray(tokens[b, : int(lengths[b])]).tolist() == expected
+        ended = expected[-1] == TOKENIZER.eos_id
+        assert contexts[b] == len(sequence) - ended and over[b] == (contexts[b] > limit)
+    assert over.any()
