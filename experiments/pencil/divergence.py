@@ -1,5 +1,7 @@
-"""Where a trained PENCIL run's traces leave the solver's: greedy generation on held-out
+"""Where a trained run's traces leave the solver's: greedy generation on held-out
 instances, the first position where the generated trace differs, and its surroundings.
+A PENCIL run generates with reductions, a chain-of-thought run (``data.format=cot``) the
+whole trace in a sliding window of the context limit, as its evaluation does.
 
     python experiments/pencil/divergence.py --workdir /tmp/runs/sat2_pencil \
         --instances 6 --context-limit 1024
@@ -42,23 +44,38 @@ def main(argv=None) -> None:
         raise SystemExit(f"--size: expected one of the run's sizes {sizes}, got {args.size}")
     problem = parts[f"n{args.size}/"] if args.size is not None else None
     instances = task.eval_instances(args.instances, problem)
-    out = pencil.generate(
-        model, params, [tokenizer.encode(i.prompt) for i in instances], tokenizer,
-        max_new_tokens=args.max_new_tokens, context_limit=limit,
-    )  # fmt: skip
+    prompts = [tokenizer.encode(i.prompt) for i in instances]
+    cot = exp.config.data.format == "cot"
+    if cot:
+        tokens, lengths, contexts, over = pencil.generate_cot(
+            model, params, prompts, tokenizer,
+            max_new_tokens=args.max_new_tokens, context_limit=limit,
+        )  # fmt: skip
+    else:
+        out = pencil.generate(
+            model, params, prompts, tokenizer,
+            max_new_tokens=args.max_new_tokens, context_limit=limit,
+        )  # fmt: skip
+        tokens, lengths, contexts, over = out.tokens, out.lengths, out.max_context, out.overflowed
     w = args.window
     for k, instance in enumerate(instances):
-        generated = tokenizer.decode_tokens(out.tokens[k, : int(out.lengths[k])])
+        generated = tokenizer.decode_tokens(tokens[k, : int(lengths[k])])
         reference = list(instance.trace)
         first = next(
             (j for j, (a, b) in enumerate(zip(generated, reference)) if a != b),
             min(len(generated), len(reference)),
         )
-        largest = max(len(s.tokens) for s in pencil.subsequences(instance.prompt, reference))
+        # The largest context the solver's trace needs: its last token (a [RETURN] or
+        # the end of text) is generated, never fed.
+        if cot:
+            largest = len(instance.prompt) + len(reference) - 1
+        else:
+            subs = pencil.subsequences(instance.prompt, reference)
+            largest = max(len(s.tokens) for s in subs) - 1
         print(
             f"--- instance {k}: label {instance.label}; trace length {len(generated)} "
-            f"(solver {len(reference)}); largest context {int(out.max_context[k])} "
-            f"(solver {largest}); over the limit {bool(out.overflowed[k])}; "
+            f"(solver {len(reference)}); largest context {int(contexts[k])} "
+            f"(solver {largest}); over the limit {bool(over[k])}; "
             f"first difference at token {first}"
         )
         print("solver:   ", " ".join(reference[max(0, first - w) : first + w]))
