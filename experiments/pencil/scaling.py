@@ -53,12 +53,13 @@ def generation_metrics(path: str, instances: int | None, size: int | None = None
         with open(path, encoding="utf-8") as handle:
             record = json.load(handle)
     parts: dict = {}
+    generated = _has_generation(record)
     for key, value in record.items():
         match = _KEY.match(key)
         if match:
             method, n, name = match.groups()
             parts.setdefault((method, int(n)), {})[name] = value
-        elif (match := _PLAIN_KEY.match(key)) and _has_generation(record):
+        elif generated and (match := _PLAIN_KEY.match(key)):
             method, name = match.groups()
             if size is None:
                 raise SystemExit(f"--size: needed for the single-size results in {path}")

@@ -15,8 +15,8 @@ context limit ``L`` (the paper's 2048):
 Metrics, as in the paper: accuracy (the answer is the last label token of the whole
 generated trace, ``lhc.pencil.problems.parse_answer``), trace rate (the fraction of the
 ground-truth trace matched position by position by the generated trace, before any
-reduction), and the share of whole traces reproduced token for token; and the cost: the largest context each sequence needed and the tokens it
-generated.
+reduction), and the share of whole traces reproduced token for token; and the cost: the
+largest context each sequence needed and the tokens it generated.
 """
 
 from __future__ import annotations
