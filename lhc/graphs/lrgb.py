@@ -1,9 +1,11 @@
 """Long Range Graph Benchmark (LRGB) splits the user already has, as padded ``Graphs``.
 
 Nothing is downloaded. ``load_voc_superpixels`` reads an official PascalVOC-SP split
-pickle (it holds torch tensors, so reading it needs torch); ``save_npz_graphs`` writes
-any list of graphs to one ``.npz`` that ``load_npz_graphs`` reads back with numpy
-alone, so a split is converted once, on a machine with torch::
+pickle with numpy alone: its torch tensors come back as numpy arrays, and a global the
+file names that is not part of a tensor or an array is refused rather than run, so a
+file cannot execute code when read. ``save_npz_graphs`` writes any list of graphs to one
+``.npz`` that ``load_npz_graphs`` reads back without pickles, so a split is converted
+once::
 
     records = load_voc_superpixels("voc_superpixels_edge_wt_region_boundary/train.pickle")
     save_npz_graphs("voc_train.npz", records)
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from lhc.graphs.batch import Graphs, from_edge_lists
+from lhc.graphs.tensor_pickle import load_tensor_pickle
 
 _REQUIRED_KEYS = ("nodes", "node_offsets", "senders", "receivers", "edge_offsets")
 
@@ -60,13 +62,6 @@ class GraphRecord:
         return len(self.senders)
 
 
-def _to_numpy(value: Any) -> np.ndarray:
-    # A torch tensor, recognised without importing torch (pickle imported it already).
-    if type(value).__module__.startswith("torch"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
 def _voc_record(index: int, graph: Any) -> GraphRecord:
     if not isinstance(graph, tuple | list) or len(graph) != 4:
         got = f"{len(graph)} elements" if isinstance(graph, tuple | list) else type(graph).__name__
@@ -74,7 +69,7 @@ def _voc_record(index: int, graph: Any) -> GraphRecord:
             f"graph {index}: expected a tuple (x, edge_attr, edge_index, y) of 4 elements, "
             f"got {got}"
         )
-    nodes, edges, edge_index, labels = (_to_numpy(part) for part in graph)
+    nodes, edges, edge_index, labels = (np.asarray(part) for part in graph)
     if nodes.ndim != 2:
         raise ValueError(f"graph {index}: expected x of shape [n, F], got {nodes.shape}")
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
@@ -115,27 +110,20 @@ def load_voc_superpixels(path: str | os.PathLike) -> list[GraphRecord]:
 
     The file is a pickled list of ``(x [n, 14], edge_attr [e, 2], edge_index [2, e],
     y [n])`` per graph, torch tensors in the official files (numpy arrays also do);
-    ``edge_index[0]`` are the senders, as in PyG. Unpickling runs code from the file:
-    read only files you trust.
+    ``edge_index[0]`` are the senders, as in PyG. Torch is not needed: tensors are
+    rebuilt with numpy, and a file naming any other global (a function to call, a
+    class to build) is refused before anything of it runs.
 
     Returns:
       One ``GraphRecord`` per graph, node labels as ``labels``.
 
     Raises:
-      ModuleNotFoundError: the file holds torch tensors and torch is not installed.
-      ValueError: a malformed graph (the message names its index).
+      ValueError: a global other than a tensor's or an array's (the message names it),
+        a tensor that does not fit its storage, or a malformed graph (the message
+        names its index).
     """
     with open(path, "rb") as file:
-        try:
-            graphs = pickle.load(file)
-        except ModuleNotFoundError as error:
-            if error.name is None or error.name.split(".")[0] != "torch":
-                raise
-            raise ModuleNotFoundError(
-                f"{os.fspath(path)} holds torch tensors: torch is needed to read it (convert "
-                f"it once with save_npz_graphs where torch is installed)",
-                name="torch",
-            ) from error
+        graphs = load_tensor_pickle(file, os.fspath(path))
     if not isinstance(graphs, list | tuple):
         raise ValueError(
             f"{os.fspath(path)}: expected a list of graphs, got {type(graphs).__name__}"

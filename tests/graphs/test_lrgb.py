@@ -1,8 +1,15 @@
 """LRGB loaders on small files written here: VOC pickles of numpy arrays and of torch
-tensors, the ``.npz`` round trip, padding into ``Graphs``, and malformed inputs."""
+tensors (read without torch), pickles that would run code, the ``.npz`` round trip,
+padding into ``Graphs``, and malformed inputs."""
 
+import collections
+import io
+import os
 import pickle
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,28 +70,153 @@ def test_voc_pickle_of_numpy_arrays_round_trips_through_npz(tmp_path):
     _assert_records_match(load_npz_graphs(tmp_path / "train.npz"), graphs)
 
 
-def test_voc_pickle_of_torch_tensors(tmp_path):
+@pytest.mark.parametrize("protocol", range(2, pickle.HIGHEST_PROTOCOL + 1))
+def test_voc_pickle_of_numpy_arrays_at_each_protocol(tmp_path, protocol):
+    graphs = _voc_graphs(seed=3, sizes=((4, 0), (3, 2)))  # no edges: empty arrays
+    path = tmp_path / "train.pickle"
+    with open(path, "wb") as file:
+        pickle.dump(graphs, file, protocol=protocol)
+    _assert_records_match(load_voc_superpixels(path), graphs)
+
+
+class _Reduces:
+    """Pickles as ``function(*args)``, the way torch pickles tensors and storages."""
+
+    def __init__(self, function, *args):
+        self.function, self.args = function, args
+
+    def __reduce__(self):
+        return self.function, self.args
+
+
+def _saved(torch, value, zip_format):
+    """What ``torch.save`` writes for ``value``, in its zip or its legacy format."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer, _use_new_zipfile_serialization=zip_format)
+    return buffer.getvalue()
+
+
+def _tensor_over(torch, storage_bytes, offset=0, size=(1,), stride=(1,)):
+    """Pickles as a tensor whose storage pickles as ``storage_bytes`` (as torch does)."""
+    storage = _Reduces(torch.storage._load_from_bytes, storage_bytes)
+    hooks = collections.OrderedDict()
+    return _Reduces(torch._utils._rebuild_tensor_v2, storage, offset, size, stride, False, hooks)
+
+
+def _strided_tensors(torch, graph, zip_storage=False):
+    """The graph's arrays as torch tensors that are views: transposed, offset, strided."""
+    x, edge_attr, edge_index, y = graph
+    padded = np.concatenate([np.full((2, 3), -7), edge_index], axis=1)
+    tensors = (
+        torch.from_numpy(np.ascontiguousarray(x.T)).t(),
+        torch.from_numpy(edge_attr),
+        torch.from_numpy(padded)[:, 3:],
+        torch.from_numpy(np.repeat(y, 2))[::2],
+    )
+    assert not tensors[0].is_contiguous() and tensors[2].storage_offset() == 3
+    assert tensors[3].stride() == (2,)
+    if zip_storage:  # as torch would pickle it if it saved storages in its zip format
+        return tuple(
+            _tensor_over(
+                torch,
+                _saved(torch, t._typed_storage(), zip_format=True),
+                t.storage_offset(),
+                tuple(t.shape),
+                t.stride(),
+            )
+            for t in tensors
+        )
+    return tensors
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.DEFAULT_PROTOCOL])
+@pytest.mark.parametrize("zip_storage", [False, True], ids=["legacy", "zip"])
+def test_voc_pickle_of_torch_tensors(tmp_path, protocol, zip_storage):
     torch = pytest.importorskip("torch")
     graphs = _voc_graphs(seed=1)
-    tensors = [tuple(torch.from_numpy(part) for part in graph) for graph in graphs]
-    records = load_voc_superpixels(_write_pickle(tmp_path / "val.pickle", tensors))
-    _assert_records_match(records, graphs)
+    tensors = [_strided_tensors(torch, graph, zip_storage) for graph in graphs]
+    path = tmp_path / "val.pickle"
+    with open(path, "wb") as file:
+        pickle.dump(tensors, file, protocol=protocol)
+    with open(path, "rb") as file:  # torch itself reads the file back as written
+        assert torch.equal(pickle.load(file)[1][2], torch.from_numpy(graphs[1][2]))
+    _assert_records_match(load_voc_superpixels(path), graphs)
 
 
-def test_torch_pickle_without_torch_says_torch_is_needed(tmp_path, monkeypatch):
-    path = _write_pickle(tmp_path / "test.pickle", _voc_graphs())
-    real_find_class = pickle.Unpickler.find_class
+def test_torch_pickle_loads_with_torch_hidden(tmp_path):
+    torch = pytest.importorskip("torch")
+    graphs = _voc_graphs(seed=2)
+    path = _write_pickle(
+        tmp_path / "test.pickle", [_strided_tensors(torch, graph) for graph in graphs]
+    )
+    # A fresh interpreter where `import torch` fails, converting the file to .npz.
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from lhc.graphs.lrgb import load_voc_superpixels, save_npz_graphs\n"
+        f"save_npz_graphs({str(tmp_path / 'test.npz')!r}, load_voc_superpixels({str(path)!r}))\n"
+        "assert sys.modules['torch'] is None"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stderr
+    _assert_records_match(load_npz_graphs(tmp_path / "test.npz"), graphs)
 
-    class NoTorchUnpickler(pickle.Unpickler):
-        """What unpickling a torch tensor does where torch is not installed."""
 
-        def find_class(self, module, name):
-            if module == "numpy" or module.startswith("numpy."):
-                raise ModuleNotFoundError("No module named 'torch'", name="torch")
-            return real_find_class(self, module, name)
+def _runs_code(marker):
+    """Pickles as a call to ``exec`` that creates the file ``marker``."""
+    return _Reduces(exec, f"open({str(marker)!r}, 'w').close()")
 
-    monkeypatch.setattr(pickle, "load", lambda file: NoTorchUnpickler(file).load())
-    with pytest.raises(ModuleNotFoundError, match="torch is needed to read it"):
+
+def _refusal(path, name):
+    return re.escape(f"{path}: refuses to load '{name}': not an array or a tensor")
+
+
+@pytest.mark.parametrize("where", ["top level", "in a graph"])
+def test_pickle_that_runs_code_is_refused(tmp_path, where):
+    marker = tmp_path / "ran"
+    payload = _runs_code(marker)
+    if where == "in a graph":
+        payload = [(np.zeros((1, 14)), np.zeros((0, 2)), np.zeros((2, 0), int), payload)]
+    path = _write_pickle(tmp_path / "train.pickle", payload)
+    with pytest.raises(ValueError, match=_refusal(path, "builtins.exec")):
+        load_voc_superpixels(path)
+    assert not marker.exists()
+
+    with open(path, "rb") as file:  # what a plain pickle.load does with the file
+        pickle.load(file)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("zip_format", [False, True], ids=["legacy", "zip"])
+def test_storage_bytes_that_run_code_are_refused(tmp_path, zip_format):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "ran"
+    storage_bytes = _saved(torch, _runs_code(marker), zip_format)
+    x = torch.zeros(1, 14)
+    graph = (x, torch.zeros(0, 2), torch.zeros(2, 0, dtype=torch.int64))
+    path = _write_pickle(tmp_path / "train.pickle", [(*graph, _tensor_over(torch, storage_bytes))])
+    # torch.save pickles with protocol 2, which names builtins by their Python 2 module.
+    with pytest.raises(ValueError, match=_refusal(path, "__builtin__.exec")):
+        load_voc_superpixels(path)
+    assert not marker.exists()
+
+    torch.storage._load_from_bytes(storage_bytes)  # what torch does with those bytes
+    assert marker.exists()
+
+
+def test_tensor_reaching_past_its_storage_is_refused(tmp_path):
+    torch = pytest.importorskip("torch")
+    storage_bytes = _saved(torch, torch.arange(4)._typed_storage(), zip_format=False)
+    inside = _tensor_over(torch, storage_bytes, offset=1, size=(3,), stride=(1,))
+    assert pickle.loads(pickle.dumps(inside)).tolist() == [1, 2, 3]
+    outside = _tensor_over(torch, storage_bytes, offset=1, size=(2,), stride=(3,))
+    path = _write_pickle(tmp_path / "bad.pickle", [outside])
+    with pytest.raises(ValueError, match=r"size \(2,\), stride \(3,\) and offset 1 does not fit"):
         load_voc_superpixels(path)
 
 
