@@ -112,11 +112,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=1, help="sequences generated together")
     parser.add_argument("--size", choices=sorted(SIZES), default="paper")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs; the fastest counts")
+    parser.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling")
     args = parser.parse_args(argv)
     for name in ("new_tokens", "batch", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    rows = measure(args.contexts, args.new_tokens, args.batch, args.size, repeats=args.repeats)
+    rows = measure(
+        args.contexts, args.new_tokens, args.batch, args.size, args.seed, repeats=args.repeats
+    )
     print(table(rows))
     for row in rows:
         if row["context"] == 2048:
