@@ -18,6 +18,7 @@ _SUBMODULES = (
     "bench",
     "extras",
     "plots",
+    "stats",
     "gca",
     "recurrent",
     "pencil",

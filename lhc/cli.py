@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from lhc.train import trainer
 
     try:  # before any model is built
-        trainer.check_config(config)
+        config_lib.check_config(config)
         if args.command == "train":
             trainer.check_workdir(args.workdir)
     except ValueError as error:

@@ -1,7 +1,7 @@
 """The figures lhc draws, as PNG files: heat maps of a grid and curves of y against x.
 
 A shared layer (it imports no method package), used by the passkey and NoLiMa heat maps
-(``lhc.lm.passkey_eval``, ``lhc.nolima.scores``), the recurrent LMs' curves by position
+(``lhc.train.passkey``, ``lhc.nolima.scores``), the recurrent LMs' curves by position
 (``lhc.recurrent.evaluation``), the range report (``lhc.graphs.report``) and a run's
 training curves (``lhc.train.metrics.plot_metrics``).
 matplotlib is imported on the first figure, with the Agg backend (files only, no

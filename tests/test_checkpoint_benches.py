@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from lhc.bench import lm as lm_bench
 from lhc.data.topics import TOPICS, TopicTask
 from lhc.emloc import bench as emloc_bench
 from lhc.icl import bench as icl_bench
-from lhc.lm import bench as lm_bench
 from lhc.quantspec import bench as quantspec_bench
 from lhc.rapid import bench as rapid_bench
 

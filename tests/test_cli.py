@@ -69,6 +69,19 @@ def test_generate_on_a_run_of_byte_tokens(tmp_path, capsys):
     n = int(out.lengths[0])
     reply = [t for t in out.tokens[0, :n].tolist() if t not in ckpt.stop_tokens]
     assert capsys.readouterr().out == ckpt.tokenizer.decode(reply) + "\n"
+    # An inference command reads the run without the trainer, optimizers or metrics.
+    code = (
+        "import json, sys\n"
+        "from lhc import cli\n"
+        f"cli.main({[*argv, '--max-new-tokens', '2']!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('lhc', 'optax')))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert "lhc.train.runs" in loaded
+    trainer = {"lhc.train.trainer", "lhc.train.metrics", "lhc.train.optim", "optax"}
+    assert loaded & trainer == set()
 
 
 def test_clear_errors(tmp_path):

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-from lhc.bench import wilson_interval
+from lhc.stats import wilson_interval
 
 _KEY = re.compile(r"^eval/(pencil|cot)/n(\d+)/(\w+)$")
 _PLAIN_KEY = re.compile(r"^eval/(pencil|cot)/(\w+)$")

@@ -1,13 +1,14 @@
 """The shared harness of ``lhc bench``: what every benchmark of every package uses.
 
-A benchmark is a function ``main(argv) -> dict`` in its package's ``bench.py`` (listed
-in ``BENCHMARKS``; ``lhc bench --list``). It builds its command line with ``parser``
+A benchmark is a function ``main(argv) -> dict`` in its package's ``bench.py`` or
+``bench/`` folder (one measurement per file), the LM family's in ``lhc.bench.lm``
+(listed in ``BENCHMARKS``; ``lhc bench --list``). It builds its command line with ``parser``
 (which adds ``--json PATH``; ``add_model_source`` adds ``--checkpoint`` / ``--workdir``
 / ``--dtype`` for a language model), parses lists with ``int_list`` / ``float_list`` /
 ``str_list`` (``index_list`` for ints that may be 0 or negative), times with
-``best_time`` / ``timed`` / ``interleaved_best``, prints ``markdown_table``\\s (with a
-``wilson_interval`` for an accuracy), and ends with ``finish(result, args)``: the
-``footer`` line (device, JAX, date) and the JSON file.
+``best_time`` / ``timed`` / ``interleaved_best``, prints ``markdown_table``\\s, and ends
+with ``finish(result, args)``: the ``footer`` line (device, JAX, date) and the JSON
+file. Statistics and result files are ``lhc.stats``'s.
 
 Timing follows one rule everywhere: a first call (compilation, warm-up) that is not
 timed, then the fastest of ``repeats`` calls, each waited for with
@@ -21,12 +22,15 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+# Tables of results, and (for earlier imports) the statistics and result files, are
+# lhc.stats's.
+from lhc.stats import append_records, markdown_table, read_records, wilson_interval  # noqa: F401
 
 # name -> "module:function"; one entry per package, sub-benchmarks as the first argument.
 BENCHMARKS = {
@@ -35,7 +39,7 @@ BENCHMARKS = {
     "gca": "lhc.gca.bench:main",
     "graphs": "lhc.graphs.bench:main",
     "icl": "lhc.icl.bench:main",
-    "lm": "lhc.lm.bench:main",
+    "lm": "lhc.bench.lm:main",
     "nolima": "lhc.nolima.bench:main",
     "pencil": "lhc.pencil.bench:main",
     "quantspec": "lhc.quantspec.bench:main",
@@ -134,75 +138,21 @@ def load_model_source(args: argparse.Namespace, **overrides: Any):
 
 
 def restore_run(workdir: str, *, model_type: type | tuple[type, ...] | None = None, what: str = ""):
-    """``(experiment, params, step)`` of the latest checkpoint of an lhc run, or
+    """``(run, params, step)`` (``lhc.train.Run``) of the latest checkpoint of an lhc run, or
     SystemExit with one line: no run there, or its model is not ``model_type`` (``what``
     names the config that trains one)."""
     from lhc.train import restore_params
 
     try:
-        experiment, params, step = restore_params(None, workdir)
+        run, params, step = restore_params(None, workdir)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(str(error)) from None  # the message names the workdir
-    model = experiment.task.model
+    model = run.task.model
     if model_type is not None and not isinstance(model, model_type):
         raise SystemExit(
             f"--workdir {workdir!r}: a {type(model).__name__}, not a model of {what or model_type}"
         )
-    return experiment, params, step
-
-
-# Resumable results -------------------------------------------------------------------
-
-
-def read_records(path: str | os.PathLike) -> list[dict]:
-    """The records of a results file (one JSON object per line). A last line without its
-    newline (a write that an interruption cut short) is dropped from the file: that record
-    is made again."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ValueError(f"{os.fspath(path)}:{number}: not a JSON record") from None
-    return records
-
-
-def append_records(path: str | os.PathLike, records: Sequence[dict | str]) -> None:
-    """Appends ``records`` (dicts, or lines of JSON) to the file at ``path``, one per
-    line, flushed to the disk before returning (its folder is made if missing)."""
-    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
-    if not lines:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-# Statistics ---------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% at ``z=1.96``); (0, 1)
-    without trials."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = (
-        z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    )
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    return run, params, step
 
 
 # Timing -------------------------------------------------------------------------------
@@ -297,50 +247,6 @@ def compile_clock():
 
 
 # Output -------------------------------------------------------------------------------
-
-
-def _cell(value: Any, spec: str) -> str:
-    if value is None:
-        return ""
-    if callable(spec):
-        return spec(value)
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (int, float)) and spec:
-        if spec.endswith("x"):
-            return f"{value:{spec[:-1] or '.2f'}}x"
-        if spec == "%":
-            return f"{100 * value:.0f}%"
-        return format(value, spec)
-    return str(value)
-
-
-def markdown_table(
-    columns: Sequence[tuple], rows: Sequence[Mapping[str, Any]], *, right: Sequence = ()
-) -> str:
-    """A markdown table. ``columns``: ``(header, key)`` or ``(header, key, format)``;
-    a format is a ``format()`` spec (``".3f"``, ``","``), ``"%"`` (a fraction as a
-    percentage), a spec ending in ``"x"`` (a ratio: ``".2fx"``), or a function of the
-    value. Text columns are left-aligned, numeric ones and those whose keys are in
-    ``right`` right-aligned; a missing value is an empty cell."""
-    columns = [(c[0], c[1], c[2] if len(c) > 2 else "") for c in columns]
-    numeric = [
-        key in right
-        or any(
-            isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
-            for row in rows
-        )
-        for _, key, _ in columns
-    ]
-    lines = [
-        "| " + " | ".join(header for header, _, _ in columns) + " |",
-        "|" + "".join("---:|" if n else "---|" for n in numeric),
-    ]
-    for row in rows:
-        lines.append(
-            "| " + " | ".join(_cell(row.get(key), spec) for _, key, spec in columns) + " |"
-        )
-    return "\n".join(lines)
 
 
 def footer() -> str:

@@ -50,21 +50,23 @@ from lhc.lm.cache import (
     init_sliding_window_cache,
     repeat_rows,
 )
-from lhc.lm.checkpoints import Checkpoint, default_dtype, load_checkpoint, resolve_checkpoint
+from lhc.lm.checkpoints import (
+    Checkpoint,
+    default_dtype,
+    load_checkpoint,
+    load_tokenizer,
+    resolve_checkpoint,
+)
 from lhc.lm.config import PRESETS, LMConfig, get_preset
 from lhc.lm.decoding import (
     DecodeState,
     GenerateOutput,
-    bucket_length,
     decode_loop,
     decode_step,
     generate,
-    left_pad,
-    left_padded_positions,
     prefill,
 )
 from lhc.lm.drafters import DraftProposal, ModelDrafter, SelfDrafter
-from lhc.lm.factories import lm_config_from, transformer_from_config
 from lhc.lm.model import (
     Block,
     Transformer,
@@ -78,6 +80,7 @@ from lhc.lm.model import (
     unstack_layer_params,
 )
 from lhc.lm.pretrained_models import pretrained
+from lhc.lm.prompts import bucket_length, left_pad, left_padded_positions
 from lhc.lm.sampling import (
     SamplingParams,
     logits_to_probs,
@@ -98,7 +101,6 @@ from lhc.lm.tokenizers import (
     HFTokenizer,
     Tokenizer,
     chat_template_from,
-    load_tokenizer,
     render_chat_template,
 )
 
@@ -107,9 +109,6 @@ __all__ = [
     "LMConfig",
     "PRESETS",
     "get_preset",
-    # Model factories for lhc.train (config.model_factory).
-    "lm_config_from",
-    "transformer_from_config",
     # Model and parameters.
     "Block",
     "Transformer",

@@ -111,6 +111,23 @@ class Cache(Protocol):
     def logical_axes(self) -> Any: ...
 
 
+# The members every cache has: the protocol's attributes and methods.
+PROTOCOL_MEMBERS = tuple(
+    sorted(set(Cache.__annotations__) | {n for n in vars(Cache) if not n.startswith("_")})
+)
+
+
+def check_cache(cache: Any, what: str = "cache") -> None:
+    """A one-line ``ValueError`` naming ``what`` unless ``cache`` has every member of the
+    ``Cache`` protocol (``PROTOCOL_MEMBERS``)."""
+    missing = [name for name in PROTOCOL_MEMBERS if not hasattr(cache, name)]
+    if missing:
+        raise ValueError(
+            f"{what}: expected a cache of the lhc.lm.cache protocol, got a "
+            f"{type(cache).__name__} without {', '.join(missing)}"
+        )
+
+
 def checked_lengths(new_lengths, lengths: jax.Array) -> jax.Array:
     """``new_lengths`` broadcast to ``[B]``, checked when concrete, clipped under jit."""
     new_lengths = jnp.broadcast_to(jnp.asarray(new_lengths, jnp.int32), lengths.shape)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from lhc.lm import hf
 from lhc.lm.model import Transformer
 from lhc.lm.pretrained_models import MODELS, pretrained
-from lhc.lm.tokenizers import Tokenizer, load_tokenizer
+from lhc.lm.tokenizers import HFTokenizer, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,16 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> str:
         f"checkpoint {text!r}: no such directory or .gguf file, and not a known model name "
         f"({', '.join(sorted(MODELS))})"
     )
+
+
+def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
+    """The tokenizer of a checkpoint: a Hugging Face directory or ``tokenizer.json``
+    (``HFTokenizer.from_file``), or a ``.gguf`` file (``lhc.lm.gguf.load_tokenizer``)."""
+    if os.fspath(path).endswith(".gguf"):
+        from lhc.lm import gguf
+
+        return gguf.load_tokenizer(path)
+    return HFTokenizer.from_file(path)
 
 
 def load_checkpoint(

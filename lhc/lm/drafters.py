@@ -21,10 +21,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from lhc.lm.decoding import (
-    empty_cache,
-    prefill_chunks,
-)
+from lhc.lm.decoding import prefill_chunks
+from lhc.lm.rules import empty_cache
 from lhc.lm.sampling import logits_to_probs
 
 

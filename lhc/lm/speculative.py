@@ -48,18 +48,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from lhc.lm.decoding import (
-    GREEDY,
-    empty_cache,
-    left_padded_positions,
-    mesh_context,
-    prefill_chunks,
-    prepare_prompts,
-    static_rules,
-    stop_token_array,
-    with_rules,
-)
+from lhc.lm.decoding import GREEDY, prefill_chunks
 from lhc.lm.drafters import ModelDrafter, SelfDrafter
+from lhc.lm.prompts import left_padded_positions, prepare_prompts, stop_token_array
+from lhc.lm.rules import empty_cache, mesh_context, static_rules, with_rules
 from lhc.lm.sampling import SamplingParams, logits_to_probs
 
 

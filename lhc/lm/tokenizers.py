@@ -341,13 +341,3 @@ class HFTokenizer:
             add_generation_prompt=add_generation_prompt,
             **self.special_tokens_map,
         )
-
-
-def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
-    """The tokenizer of a checkpoint: a Hugging Face directory or ``tokenizer.json``
-    (``HFTokenizer.from_file``), or a ``.gguf`` file (``lhc.lm.gguf.load_tokenizer``)."""
-    if os.fspath(path).endswith(".gguf"):
-        from lhc.lm import gguf
-
-        return gguf.load_tokenizer(path)
-    return HFTokenizer.from_file(path)

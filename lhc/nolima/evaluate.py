@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.bench import append_records
-from lhc.bench import read_records as read_results
 from lhc.data.haystack import Haystack
 from lhc.lm.tokenizers import render_chat_template
 from lhc.nolima.needles import NeedleCase
 from lhc.nolima.scores import contains
+from lhc.stats import append_records
+from lhc.stats import read_records as read_results
 
 DEFAULT_TASK_TEMPLATE = (
     "Here is an excerpt from a book:\n\n{haystack}\n\n"

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from lhc import plots
-from lhc.bench import markdown_table, wilson_interval
+from lhc.stats import markdown_table, wilson_interval
 
 BASE_LENGTHS = (250, 500, 1000)
 

@@ -28,10 +28,10 @@ import jax
 import numpy as np
 
 from lhc import lm
-from lhc.bench import wilson_interval
 from lhc.lm.sampling import SamplingParams
 from lhc.pencil import generation
 from lhc.pencil.problems import Instance, parse_answer
+from lhc.stats import wilson_interval
 
 METHODS = ("pencil", "cot")
 

@@ -36,6 +36,8 @@ import numpy as np
 from flax import struct
 
 from lhc.lm import decoding
+from lhc.lm.prompts import bucket_length, stop_token_array
+from lhc.lm.rules import empty_cache
 from lhc.lm.sampling import SamplingParams, sample_tokens
 from lhc.pencil.reduction import find_reduction, reduce_once
 
@@ -229,7 +231,7 @@ def _generate_jit(
     # One cache slot per position: the prompts are right-padded, and all but their last
     # token are prefilled, then the padding is dropped again, so the cache needs no room
     # beyond the context limit.
-    cache = decoding.empty_cache(model, batch, limit)
+    cache = empty_cache(model, batch, limit)
     index = jnp.arange(width, dtype=jnp.int32)[None, :]
     last = prompt_lengths - 1
     in_prefix = index < last[:, None]
@@ -302,7 +304,7 @@ def _right_padded(
     if longest > limit:
         raise ValueError(f"a prompt of {longest} tokens does not fit the context_limit {limit}")
     # A bucketed width (fewer compiled programs) within the context.
-    width = max(longest, min(decoding.bucket_length(longest), limit))
+    width = max(longest, min(bucket_length(longest), limit))
     tokens = np.full((len(prompts), width), pad_id, np.int32)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = np.asarray(prompt, np.int32)
@@ -384,10 +386,10 @@ def generate(
         jnp.asarray(lengths),
         jax.random.key(0) if rng is None else rng,
         sampling.as_arrays(),
-        jnp.asarray(decoding.stop_token_array(stop_tokens)),
+        jnp.asarray(stop_token_array(stop_tokens)),
         jnp.int32(max_new_tokens),
         SpecialIds.of(tokenizer),
-        buffer_len=decoding.bucket_length(max_new_tokens),
+        buffer_len=bucket_length(max_new_tokens),
         limit=int(context_limit),
         prefill_chunk=int(prefill_chunk),
         answer_chunk=int(answer_chunk),
@@ -453,7 +455,7 @@ def generate_recompute(
         # Only the running sequences are computed (a stopped one may hold a context one
         # token past the limit); widths are bucketed within the model's max_len.
         longest = max(len(c) for b, c in enumerate(contexts) if not done[b])
-        width = max(longest, min(decoding.bucket_length(longest), model.config.max_len))
+        width = max(longest, min(bucket_length(longest), model.config.max_len))
         tokens = np.full((batch, width), pad_id, np.int32)
         positions = np.full((batch, width), -1, np.int32)
         for b, context in enumerate(contexts):

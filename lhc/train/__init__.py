@@ -1,42 +1,49 @@
-"""Training: the task registry, optimizers, Orbax checkpoints, metrics and the loop."""
+"""Training: the task registry, optimizers, Orbax checkpoints, metrics and the loop;
+reading a run back for evaluation and decoding (``lhc.train.runs``).
 
-from lhc.train.checkpoint import Checkpointer
-from lhc.train.config import apply_overrides, base_config, load_config, parse_arg
-from lhc.train.language_model import load_language_model
-from lhc.train.metrics import MetricWriter, read_metrics
-from lhc.train.optim import make_optimizer, make_schedule
-from lhc.train.tasks import Task, get_task, register_task
-from lhc.train.trainer import (
-    Experiment,
-    Interrupted,
-    NonFiniteLossError,
-    WorkdirError,
-    build_experiment,
-    evaluate,
-    restore_params,
-    train_and_evaluate,
-)
+Each name is imported on first use, so reading a run (``load_language_model``,
+``restore_params``) does not import the trainer, the optimizers or the metric writers.
+"""
 
-__all__ = [
-    "Checkpointer",
-    "Experiment",
-    "Interrupted",
-    "MetricWriter",
-    "NonFiniteLossError",
-    "Task",
-    "WorkdirError",
-    "apply_overrides",
-    "base_config",
-    "build_experiment",
-    "evaluate",
-    "get_task",
-    "load_config",
-    "load_language_model",
-    "make_optimizer",
-    "make_schedule",
-    "parse_arg",
-    "read_metrics",
-    "register_task",
-    "restore_params",
-    "train_and_evaluate",
-]
+import importlib
+
+# name -> the module of lhc.train that defines it.
+_NAMES = {
+    "Checkpointer": "checkpoint",
+    "apply_overrides": "config",
+    "base_config": "config",
+    "load_config": "config",
+    "parse_arg": "config",
+    "MetricWriter": "metrics",
+    "read_metrics": "metrics",
+    "make_optimizer": "optim",
+    "make_schedule": "optim",
+    "Run": "runs",
+    "build_run": "runs",
+    "load_language_model": "runs",
+    "restore_params": "runs",
+    "Task": "tasks",
+    "get_task": "tasks",
+    "register_task": "tasks",
+    "Experiment": "trainer",
+    "Interrupted": "trainer",
+    "NonFiniteLossError": "trainer",
+    "WorkdirError": "trainer",
+    "build_experiment": "trainer",
+    "evaluate": "trainer",
+    "train_and_evaluate": "trainer",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"lhc.train.{_NAMES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lhc.train' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))

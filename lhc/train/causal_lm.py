@@ -23,13 +23,9 @@ import jax.numpy as jnp
 
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
-
-# Runs recorded before the factory moved to lhc.lm name
-# "lhc.train.causal_lm:transformer_from_config" in their config.json.
-from lhc.lm.factories import lm_config_from, transformer_from_config  # noqa: F401
 from lhc.nn.config import build_model, registered_models, registered_name
 from lhc.parallel import global_batch
-from lhc.train.tasks import Task, import_path, register_task
+from lhc.train.tasks import Task, import_path
 
 DEFAULT_MODEL_FACTORY = "transformer"
 
@@ -60,7 +56,6 @@ def weighted_cross_entropy(logits, targets, weights):
     return loss, accuracy, weights.sum()
 
 
-@register_task("causal_lm")
 class CausalLMTask(Task):
     """Trains the causal LM that ``config.model_factory`` builds on ``config.data.name``.
 

@@ -287,3 +287,30 @@ def config_differences(recorded, given) -> list[str]:
             show = lambda v: "(absent)" if v is missing else repr(v)
             lines.append(f"{key}: {show(old)} -> {show(new)}")
     return lines
+
+
+_COUNTS = {  # config key: the least value that makes sense
+    "num_steps": 1,
+    "batch_size": 1,
+    "log_every": 1,
+    "eval_every": 0,
+    "checkpoint_every": 0,
+    "eval_batches": 0,
+}
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """ValueError in one line unless ``config`` is a training config (it names a
+    ``task`` and an ``optimizer``) whose counts make sense (``num_steps >= 1`` ...)."""
+    missing = [key for key in ("task", "optimizer", "num_steps") if key not in config]
+    if missing:
+        raise ValueError(
+            f"the config has no {', '.join(map(repr, missing))}: not a training config (one "
+            f"that `lhc train` runs sets config.task, e.g. configs/lm_assoc_recall.py)"
+        )
+    for key, least in _COUNTS.items():
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value!r}")
+        if value is not None and value < least:
+            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value}")

@@ -2,10 +2,14 @@
 
 A task supplies the model, its parameter initialisation, a checkpointable data
 iterator of process-local batches, the loss and the evaluation. ``config.task`` names
-it either by a registered name (the shared tasks of ``lhc.train``, or any class
-decorated with ``@register_task`` whose module is already imported) or by an import
-path ``"package.module:Class"``, so a method package adds a task without editing
-``lhc.train``, and ``lhc.train`` imports only the method package it runs.
+it one way: the shared tasks of ``lhc.train`` by name (``"causal_lm"``, ``"passkey"``,
+``"text_lm"``), a method's task by its import path (``"lhc.<method>.task:Class"``), so
+a method package adds a task without editing ``lhc.train``, and ``lhc.train`` imports
+only the method package it runs. Your own task may also be named by ``@register_task``
+once its module is imported.
+
+An import path that earlier runs recorded in their ``config.json`` keeps resolving
+after its object moved (``MOVED_PATHS``), for tasks and model factories alike.
 """
 
 from __future__ import annotations
@@ -24,8 +28,23 @@ from lhc.data.iterators import DataIterator, IndexedIterator
 # Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
-    "passkey": "lhc.train.passkey_task:PasskeyTask",
+    "passkey": "lhc.train.passkey:PasskeyTask",
     "text_lm": "lhc.train.text_lm:TextLMTask",
+}
+# Recorded import path -> where that object is now (tasks and model factories).
+MOVED_PATHS = {
+    # The Transformer's and the recurrent LMs' factories, before the model registry.
+    "lhc.train.causal_lm:transformer_from_config": "lhc.lm:Transformer",
+    "lhc.lm.factories:transformer_from_config": "lhc.lm:Transformer",
+    "lhc.recurrent.factories:mamba2_from_config": "lhc.recurrent:Mamba2LM",
+    "lhc.recurrent.factories:gla_from_config": "lhc.recurrent:GLALM",
+    # Every method's tasks in its task.py, the passkey task beside its data.
+    "lhc.train.passkey_task:PasskeyTask": "lhc.train.passkey:PasskeyTask",
+    "lhc.tabicl.pretrain:PretrainTask": "lhc.tabicl.task:PretrainTask",
+    "lhc.emloc.manyshot:ManyShotTask": "lhc.emloc.task:ManyShotTask",
+    "lhc.nolima.world:WorldTask": "lhc.nolima.task:WorldTask",
+    "lhc.icl.classification:PretrainTask": "lhc.icl.task:PretrainTask",
+    "lhc.icl.superposition:SuperpositionTask": "lhc.icl.task:SuperpositionTask",
 }
 _DOTTED_NAME = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _IMPORT_PATH = re.compile(rf"({_DOTTED_NAME}):({_DOTTED_NAME})")
@@ -133,6 +152,7 @@ def import_path(path: str, what: str) -> Any:
         does not exist or fails to import for a missing dependency, or the module has
         no such attribute.
     """
+    path = MOVED_PATHS.get(path, path) if isinstance(path, str) else path
     match = _IMPORT_PATH.fullmatch(path) if isinstance(path, str) else None
     if match is None:
         raise ValueError(f"{what}: expected an import path 'package.module:name', got {path!r}")

@@ -23,12 +23,11 @@ import jax
 
 from lhc.data.iterators import IndexedIterator, row_rngs
 from lhc.data.text import TfdsText
-from lhc.lm.tokenizers import ByteTokenizer, load_tokenizer
+from lhc.lm.checkpoints import load_tokenizer
+from lhc.lm.tokenizers import ByteTokenizer
 from lhc.train.causal_lm import CausalLMTask
-from lhc.train.tasks import register_task
 
 
-@register_task("text_lm")
 class TextLMTask(CausalLMTask):
     """See the module docstring for the config keys."""
 

@@ -25,14 +25,13 @@ import ml_collections
 import numpy as np
 import optax
 import tqdm
-from jax.sharding import Mesh
 
 from lhc import parallel
 from lhc.train import config as config_lib
 from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint, array_paths, state_differences
 from lhc.train.metrics import MetricWriter
 from lhc.train.optim import make_optimizer
-from lhc.train.tasks import Task, get_task
+from lhc.train.runs import Run, build_run, restore_params
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +45,16 @@ class NonFiniteLossError(FloatingPointError):
 
 
 @dataclasses.dataclass
-class Experiment:
-    """Everything a run is built from, before any step is taken.
+class Experiment(Run):
+    """Everything a run is built from, before any step is taken: a ``Run`` (config,
+    mesh, rules, task) and how it learns.
 
     Attributes:
-      config: the experiment config.
-      mesh: the device mesh.
-      rules: logical-axis rules.
-      task: the task instance.
       optimizer: the optax transformation.
       schedule: its learning-rate schedule.
       state_shardings: NamedShardings of the train state.
     """
 
-    config: ml_collections.ConfigDict
-    mesh: Mesh
-    rules: Any
-    task: Task
     optimizer: optax.GradientTransformation
     schedule: optax.Schedule
     state_shardings: Any = None
@@ -151,33 +143,6 @@ class Experiment:
         )
 
 
-_COUNTS = {  # config key: the least value that makes sense
-    "num_steps": 1,
-    "batch_size": 1,
-    "log_every": 1,
-    "eval_every": 0,
-    "checkpoint_every": 0,
-    "eval_batches": 0,
-}
-
-
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """ValueError in one line unless ``config`` is a training config (it names a
-    ``task`` and an ``optimizer``) whose counts make sense (``num_steps >= 1`` ...)."""
-    missing = [key for key in ("task", "optimizer", "num_steps") if key not in config]
-    if missing:
-        raise ValueError(
-            f"the config has no {', '.join(map(repr, missing))}: not a training config (one "
-            f"that `lhc train` runs sets config.task, e.g. configs/lm_assoc_recall.py)"
-        )
-    for key, least in _COUNTS.items():
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value!r}")
-        if value is not None and value < least:
-            raise ValueError(f"config.{key}: expected an integer >= {least}, got {value}")
-
-
 def check_workdir(workdir: str) -> None:
     """ValueError in one line unless ``workdir`` is a directory this process can write,
     or can be made one (``gs://`` and other remote paths are not checked)."""
@@ -194,12 +159,9 @@ def check_workdir(workdir: str) -> None:
 
 def build_experiment(config: ml_collections.ConfigDict, devices=None) -> Experiment:
     """Mesh, rules, task and optimizer for ``config`` (on ``devices``, default all)."""
-    check_config(config)
-    mesh = parallel.mesh_from_config(config, devices)
-    rules = parallel.rules_from_config(config)
-    task = get_task(config.task)(config, mesh, rules)
+    run = build_run(config, devices)
     optimizer, schedule = make_optimizer(config.optimizer, int(config.num_steps))
-    return Experiment(config, mesh, rules, task, optimizer, schedule)
+    return Experiment(run.config, run.mesh, run.rules, run.task, optimizer, schedule)
 
 
 def _checkpointer(config, workdir: str) -> Checkpointer:
@@ -508,90 +470,6 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=())
             summary.update(exp.task.evaluate(state["params"]))
     summary["step"] = step
     return summary
-
-
-def restore_params(
-    config: ml_collections.ConfigDict | None,
-    workdir: str,
-    step: int | None = None,
-    *,
-    fallback: bool = False,
-):
-    """Parameters of the checkpoint at ``step`` (latest when None) in ``workdir``.
-
-    Only the parameters are read, so ``config`` may name another optimizer, batch size
-    or number of steps than the run had; the model must be the same. ``config=None``
-    takes the config the run recorded (``workdir/config.json``). With ``fallback`` and
-    ``step=None``, an unreadable newest step gives way to the newest readable one.
-
-    Returns:
-      ``(experiment, params, step)``.
-
-    Raises:
-      FileNotFoundError: no checkpoint in ``workdir`` (or no recorded config).
-      ValueError: the checkpoint is corrupt or does not match ``config``.
-    """
-    config = resolve_config(config, workdir)
-    exp = build_experiment(config)
-    abstract = exp.abstract_state()["params"]
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory) and "://" not in directory:
-        raise FileNotFoundError(
-            f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
-            f"train first with `lhc train`"
-        )
-    checkpointer = Checkpointer(directory, read_only=True)
-    try:
-        if step is None and checkpointer.latest_step() is None:
-            raise FileNotFoundError(
-                f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
-                f"train first with `lhc train`"
-            )
-        if step is not None:
-            params, step = checkpointer.restore_params(step, abstract)
-        else:
-            params, step = _newest_params(checkpointer, abstract, fallback)
-    finally:
-        checkpointer.close()
-    return exp, params, step
-
-
-def _newest_params(checkpointer: Checkpointer, abstract, fallback: bool):
-    """The parameters of the newest step, or with ``fallback`` of the newest readable
-    one (each unreadable step said in a warning); otherwise an unreadable newest step
-    is an error that names the earlier steps."""
-    steps = sorted(checkpointer.all_steps(), reverse=True)
-    for index, step in enumerate(steps):
-        try:
-            return checkpointer.restore_params(step, abstract)
-        except UnreadableCheckpoint as error:
-            earlier = steps[index + 1 :]
-            if not (fallback and earlier):
-                if not earlier:
-                    raise
-                hint = f"earlier steps: {earlier}: pass --step {earlier[0]} or --fallback"
-                raise UnreadableCheckpoint(f"{error}; {hint}") from None
-            log.warning("%s; evaluating step %d instead", error, earlier[0])
-    raise AssertionError("unreachable: the loop returns or raises")
-
-
-def resolve_config(
-    config: ml_collections.ConfigDict | None, workdir: str
-) -> ml_collections.ConfigDict:
-    """``config``, or the one recorded in ``workdir`` when None. When both exist and
-    differ, a warning lists the keys that differ (the given config is used)."""
-    recorded_path = os.path.join(workdir, config_lib.RUN_CONFIG)
-    if config is None:
-        return config_lib.load_run_config(workdir)
-    if os.path.isfile(recorded_path):
-        differences = config_lib.config_differences(config_lib.load_run_config(workdir), config)
-        if differences:
-            log.warning(
-                "the config differs from the one recorded in %s (recorded -> given):\n  %s",
-                recorded_path,
-                "\n  ".join(differences),
-            )
-    return config
 
 
 def evaluate(

@@ -6,17 +6,19 @@ keeps the per-token states of the last append. ``generate`` and the speculative 
 run it, and their outputs equal step-by-step recomputation without a cache.
 """
 
+from types import SimpleNamespace
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import struct
 from jax.sharding import PartitionSpec
 
 from lhc import lm
-from lhc.lm.cache import Cache
+from lhc.lm.cache import Cache, check_cache
 from lhc.lm.speculative import ModelDrafter, speculative_generate
 
 VOCAB, WIDTH, HISTORY = 48, 24, 8
@@ -197,9 +199,14 @@ def _greedy_by_recomputation(params, prompts, steps):
     return np.array([s[len(p) :] for s, p in zip(sequences, prompts)])
 
 
-def test_the_test_model_follows_the_cache_protocol():
-    cache = MODEL.init_cache(2, 16)
+def test_generate_refuses_a_cache_without_the_protocol():
+    cache = MODEL.init_cache(len(PROMPTS), 32)
     assert isinstance(cache, Cache) and not isinstance(cache, lm.KVCache)
+    check_cache(cache)
+    broken = SimpleNamespace(lengths=cache.lengths, next_positions=cache.next_positions)
+    missing = "can_append, capacity, logical_axes, truncate, truncate_at_position, validate_append"
+    with pytest.raises(ValueError, match=f"^cache: .* got a SimpleNamespace without {missing}$"):
+        lm.generate(MODEL, _params(0), PROMPTS, max_new_tokens=2, cache=broken)
 
 
 def test_generate_on_a_recurrent_model_equals_recomputation():

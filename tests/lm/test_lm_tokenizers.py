@@ -6,7 +6,8 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
-from lhc.lm.tokenizers import ByteTokenizer, HFTokenizer, load_tokenizer
+from lhc.lm.checkpoints import load_tokenizer
+from lhc.lm.tokenizers import ByteTokenizer, HFTokenizer
 
 
 def test_byte_tokenizer_round_trip_and_specials():

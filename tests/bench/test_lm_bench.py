@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lhc.lm import bench
+from lhc.bench import lm as bench
 
 
 def test_bench_main_tiny_structure_and_bandwidth_floor(tmp_path, capsys):

@@ -333,8 +333,8 @@ def compare_with_transformers(
 
 _PREFILL_WORKER = """
 import json, resource, sys, time
-from lhc.lm import bench
-print("RESULT " + json.dumps(bench._prefill_worker(*json.loads(sys.argv[1]))))
+from lhc.bench import lm
+print("RESULT " + json.dumps(lm._prefill_worker(*json.loads(sys.argv[1]))))
 """
 
 

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 
 from lhc import lm
-from lhc.data.passkey import NEEDLE, QUESTION, Filler, passkey_batch, passkey_example
-from lhc.lm.passkey_eval import answer_predictions, passkey_accuracy
+from lhc.train.passkey import (
+    NEEDLE,
+    QUESTION,
+    Filler,
+    answer_predictions,
+    passkey_accuracy,
+    passkey_batch,
+    passkey_example,
+)
 
 TOKENIZER = lm.ByteTokenizer()
 
@@ -91,9 +98,21 @@ def test_cached_predictions_equal_the_full_forward():
     assert result.metrics() == {"passkey/accuracy/120/0.5": result.accuracy[0, 0]}
 
 
-def test_heat_map_png(tmp_path):
-    from lhc.lm.passkey_eval import PasskeyResult
+def test_heat_map_draws_depth_by_length(tmp_path, monkeypatch):
+    from matplotlib.image import imread
 
-    result = PasskeyResult((512, 2048), (0.0, 1.0), np.array([[1.0, 0.5], [np.nan, 0.0]]), 4)
-    result.plot(str(tmp_path / "map.png"))
-    assert (tmp_path / "map.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from lhc import plots
+    from lhc.train.passkey import PasskeyResult
+
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path)))
+    accuracy = np.array([[1.0, 0.5], [np.nan, 0.0]])  # [length, depth]
+    PasskeyResult((512, 2048), (0.0, 1.0), accuracy, 4).plot(str(tmp_path / "map.png"))
+    (axis, _) = figures[0].axes  # the map and its colour bar
+    drawn = axis.images[0].get_array()  # rows: depths, columns: lengths
+    np.testing.assert_array_equal(drawn.mask, [[False, True], [False, False]])
+    np.testing.assert_array_equal(drawn.filled(-1.0), [[1.0, -1.0], [0.5, 0.0]])
+    assert [t.get_text() for t in axis.get_xticklabels()] == ["512", "2K"]
+    assert [t.get_text() for t in axis.get_yticklabels()] == ["0", "1"]
+    assert [t.get_text() for t in axis.texts] == ["1.00", "n/a", "0.50", "0.00"]
+    assert imread(tmp_path / "map.png").shape[:2] == (384, 360)  # 3.0 x 3.2 in at 120 dpi
