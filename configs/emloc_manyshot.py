@@ -1,5 +1,5 @@
 r"""EMLoC's miniature: a decoder trained on many-shot in-context classification
-(``lhc.emloc.manyshot``), text or images, on a CPU.
+(``lhc.emloc.manyshot``, the task ``lhc.emloc.task``), text or images, on a CPU.
 
     lhc train --config configs/emloc_manyshot.py:modality=text --workdir /tmp/emloc/text
     lhc train --config configs/emloc_manyshot.py:modality=image,lr=1e-3,init=/tmp/emloc/text \
@@ -35,7 +35,7 @@ from lhc.train.optim import adamw_cosine
 
 def get_config(arg=None):
     arg = parse_arg(arg, modality="text", steps=3000, lr=3e-3, init="", runlocal=False)
-    config = base_config("lhc.emloc.manyshot:ManyShotTask")
+    config = base_config("lhc.emloc.task:ManyShotTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
     config.init_params_from = arg.init or None

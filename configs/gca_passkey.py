@@ -3,7 +3,7 @@ r"""GCA (or a dense baseline) trained on passkey retrieval at 512 tokens, on a C
     lhc train --config configs/gca_passkey.py:tiny --workdir /tmp/gca_passkey
     lhc eval --workdir /tmp/gca_passkey \
         --config.passkey_eval.lengths="(512,2048,8192,32768,131072,524288)" \
-        --config.passkey_eval.output_dir=experiments/gca_passkey
+        --config.passkey_eval.output_dir=experiments/gca
 
 Sizes (the part after the colon):
   tiny      GCA: width 64, 2 heads of 32, 2 lower layers, a 1-layer chunk encoder, one
@@ -11,7 +11,7 @@ Sizes (the part after the colon):
             top-4 retrieval, a 65-position sliding window (so most needles of a
             512-token sequence lie outside every window and only retrieval reaches
             them); batch 8, 1200 steps (10 min 53 s on a 2-core CPU, see
-            experiments/gca_passkey).
+            experiments/gca).
   baseline  the dense ``lhc.lm.Transformer`` of the same width and depth (4 layers,
             RoPE, full causal attention), trained the same way; max_len 32768 so that
             it can be evaluated past its training length.

@@ -20,7 +20,7 @@ the separator); the 2-class prompts without a separator are learned after a plat
 about 1500 steps, and from there the separator within a few hundred. With more classes
 or demonstrations (``classes=3,shots=2,width=72``) a hard switch to the separator
 stayed near chance; ``mixed_steps`` got above it
-(``experiments/icl_iterative_vectors/README.md``).
+(``experiments/icl/iterative_vectors/README.md``).
 """
 
 import ml_collections
@@ -56,7 +56,7 @@ def get_config(arg=None):
         mixed_steps=0,
         runlocal=False,
     )
-    config = base_config("lhc.icl.classification:PretrainTask")
+    config = base_config("lhc.icl.task:PretrainTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
     config.batch_size = 4 if arg.runlocal else int(arg.batch)

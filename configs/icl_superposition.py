@@ -31,7 +31,7 @@ def get_config(arg=None):
     )
     if arg.size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {arg.size!r}")
-    config = base_config("lhc.icl.superposition:SuperpositionTask")
+    config = base_config("lhc.icl.task:SuperpositionTask")
     config.seed = 0
     config.num_steps = 5 if arg.runlocal else int(arg.steps)
     config.batch_size = 4 if arg.runlocal else int(arg.batch)

@@ -23,7 +23,7 @@ import ml_collections
 
 from lhc.gca.config import GCAConfig
 from lhc.lm.config import LMConfig
-from lhc.recurrent.mamba2 import Mamba2Config
+from lhc.recurrent.config import Mamba2Config
 from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 
@@ -74,7 +74,7 @@ def get_config(arg=None):
     if arg.model not in _MODELS:
         raise ValueError(f"config arg model must be one of {sorted(_MODELS)}, got {arg.model!r}")
     factory, fields = _MODELS[arg.model]
-    config = base_config("lhc.nolima.world:WorldTask")
+    config = base_config("lhc.nolima.task:WorldTask")
     config.seed = 0
     config.num_steps = 10 if arg.runlocal else int(arg.steps)
     config.batch_size = 8

@@ -21,8 +21,7 @@ so the evaluation may run at 100x the training length.
 
 import ml_collections
 
-from lhc.recurrent.gla_lm import GLAConfig
-from lhc.recurrent.mamba2 import Mamba2Config
+from lhc.recurrent.config import GLAConfig, Mamba2Config
 from lhc.train.config import base_config, model_section, parse_arg
 from lhc.train.optim import adamw_cosine
 

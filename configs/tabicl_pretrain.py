@@ -41,7 +41,7 @@ def get_config(arg=None):
         raise ValueError(f"config arg size must be 'tiny' or 'paper', got {arg.size!r}")
     stage = prior_lib.curriculum_stage(arg.stage)
 
-    config = base_config("lhc.tabicl.pretrain:PretrainTask")
+    config = base_config("lhc.tabicl.task:PretrainTask")
 
     if arg.size == "tiny":
         config.num_steps = 400

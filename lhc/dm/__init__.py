@@ -10,6 +10,7 @@ Not imported here: the SAC agent (``lhc.dm.sac``) and the D4RL-style dataset rec
 ``python -m lhc.dm.behaviour``.
 """
 
+from lhc.dm.config import DMConfig
 from lhc.dm.data import (
     REF_SCORES,
     OfflineDataset,
@@ -21,7 +22,7 @@ from lhc.dm.data import (
     returns_to_go,
     save_d4rl,
 )
-from lhc.dm.model import DecisionModel, DMConfig, aux_loss, flops_per_action
+from lhc.dm.model import DecisionModel, aux_loss, flops_per_action
 
 __all__ = [
     "REF_SCORES",

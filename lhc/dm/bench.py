@@ -27,7 +27,7 @@ Sizes (``--size``):
 
 * ``paper``: 6 layers, 4 heads, width 256, K 120 (360 tokens), capacity MLP 512: the
   defaults of the Decision Mixer's released code (ruthless-man/Decision-Mixer; the
-  paper's runs go up to K 120, see ``experiments/decision_mixer/README.md``);
+  paper's runs go up to K 120, see ``experiments/dm/README.md``);
 * ``gym``: 3 layers, 1 head, width 128, K 20: the Decision Transformer's gym settings
   (``configs/dm_gym.py``'s defaults), capacity MLP 512;
 * ``tiny``: 2 layers, 1 head, width 16, K 4 (``configs/dm_gym.py``'s ``runlocal``),
@@ -54,7 +54,8 @@ import numpy as np
 
 from lhc import bench
 from lhc.dm import rollout
-from lhc.dm.model import DecisionModel, DMConfig, flops_per_action
+from lhc.dm.config import DMConfig
+from lhc.dm.model import DecisionModel, flops_per_action
 
 STATE_DIM, ACTION_DIM = 11, 3  # Hopper
 TARGET_RETURN, RTG_SCALE = 3600.0, 1000.0

@@ -36,11 +36,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from lhc.dm.config import SACConfig
 from lhc.dm.data import REF_SCORES, OfflineDataset, normalized_score, save_d4rl
 from lhc.dm.sac import (
     GaussianActor,
     ReplayBuffer,
-    SACConfig,
     SACState,
     actor_action,
     actor_action_dim,

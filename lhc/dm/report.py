@@ -1,5 +1,5 @@
 """The table of a Decision Transformer / Decision Mixer comparison (``configs/dm_gym.py``
-runs, ``experiments/decision_mixer/run.sh``).
+runs, ``experiments/dm/run.sh``).
 
 Reads each workdir's ``config.json`` and the last rollout evaluation in its
 ``metrics.jsonl`` and prints, per dataset and model, the number of seeds, the mean and

@@ -16,7 +16,6 @@ Shape letters: ``B`` batch, ``S`` observation size, ``A`` action size, ``N`` ste
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -28,51 +27,12 @@ import numpy as np
 import optax
 from flax import struct
 
+from lhc.dm.config import SACConfig
 from lhc.nn.linear import dense
 
 # Bounds of the actor's log standard deviation (the SAC v2 code, rlkit / softlearning).
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class SACConfig:
-    """SAC hyperparameters (defaults: Haarnoja et al. 2018 v2, table 1).
-
-    Attributes:
-      hidden_sizes: widths of the hidden layers of the actor and of each critic.
-      actor_learning_rate, critic_learning_rate, alpha_learning_rate: Adam step sizes.
-      gamma: discount.
-      tau: Polyak weight of the online critic in the target update.
-      initial_alpha: the temperature at the start.
-      target_entropy: of the policy; None means ``-A``.
-    """
-
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    actor_learning_rate: float = 3e-4
-    critic_learning_rate: float = 3e-4
-    alpha_learning_rate: float = 3e-4
-    gamma: float = 0.99
-    tau: float = 0.005
-    initial_alpha: float = 1.0
-    target_entropy: float | None = None
-
-    def __post_init__(self):
-        if not self.hidden_sizes or any(size < 1 for size in self.hidden_sizes):
-            raise ValueError(
-                f"hidden_sizes: expected a non-empty tuple of positive widths, "
-                f"got {self.hidden_sizes!r}"
-            )
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma: expected a value in [0, 1], got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau: expected a value in (0, 1], got {self.tau}")
-        if not self.initial_alpha > 0:
-            raise ValueError(f"initial_alpha: expected > 0, got {self.initial_alpha}")
-
-    def entropy_target(self, action_dim: int) -> float:
-        """The target entropy: ``target_entropy``, or ``-action_dim`` when None."""
-        return -float(action_dim) if self.target_entropy is None else self.target_entropy
 
 
 # ---------------------------------------------------------------------------------------

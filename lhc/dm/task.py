@@ -29,17 +29,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.dm import rollout as rollout_lib
+from lhc.dm.config import DMConfig
 from lhc.dm.data import REF_SCORES, SegmentSampler, load_dataset, normalized_score
-from lhc.dm.model import DecisionModel, DMConfig, aux_loss, flops_per_action
+from lhc.dm.model import DecisionModel, aux_loss, flops_per_action
 from lhc.extras import require
-from lhc.train.tasks import Task, register_task
+from lhc.train.tasks import Task
 
 gym = require("gymnasium", "dm")
 
 _EVAL_SEED_OFFSET = 7_777_777
 
 
-@register_task("decision")
 class DecisionTask(Task):
     def make_model(self):
         data = self.config.data

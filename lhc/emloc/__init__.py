@@ -9,22 +9,14 @@ layer pruned as far as a Jensen-Shannon bound on the answers allows.
 * ``baselines``: uniform pruning and SnapKV-style attention-score pruning into the same
   memory;
 * ``manyshot``: generated many-shot classification (text, and images as patch
-  embeddings from ``PatchLM``'s encoder) and its training task
-  (``configs/emloc_manyshot.py``); ``lhc bench emloc`` (``bench``) compares the methods.
+  embeddings from ``PatchLM``'s encoder) and its training task (``task``,
+  ``configs/emloc_manyshot.py``); ``lhc bench emloc`` (``bench``) compares the methods.
 """
 
 from lhc.emloc import baselines
-from lhc.emloc.compress import (
-    Compression,
-    EMLoCConfig,
-    Example,
-    LayerDecision,
-    compress,
-    importance,
-    join_examples,
-    js_divergence,
-    top_tokens,
-)
+from lhc.emloc.compress import Compression, LayerDecision, compress, importance, js_divergence
+from lhc.emloc.config import EMLoCConfig
+from lhc.emloc.examples import Example, join_examples, top_tokens
 from lhc.emloc.memory import LayerwiseMemory, append_kept, empty_memory
 
 __all__ = [

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc.emloc.compress import Example, join_examples, pooled_head_scores, top_tokens
+from lhc.emloc.examples import Example, join_examples, pooled_head_scores, top_tokens
 from lhc.emloc.memory import LayerwiseMemory, append_kept, capacity_slots, empty_memory
 from lhc.lm.cache import init_cache
 

@@ -30,7 +30,8 @@ import numpy as np
 from lhc import bench, lm
 from lhc.data import word_tasks
 from lhc.emloc import baselines
-from lhc.emloc.compress import EMLoCConfig, compress, next_token_logits
+from lhc.emloc.compress import compress, next_token_logits
+from lhc.emloc.config import EMLoCConfig
 from lhc.emloc.manyshot import ManyShot, PatchLM, episode, text_episode, with_embeddings
 
 

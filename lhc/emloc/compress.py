@@ -41,80 +41,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lhc.emloc.config import EMLoCConfig
+from lhc.emloc.examples import Example, join_examples, pooled_head_scores, top_tokens
 from lhc.emloc.memory import LayerwiseMemory, append_kept, capacity_slots, empty_memory
 
 # Rows are padded to a multiple of ROW_BUCKET tokens, a chunk's prefill to a multiple of
 # CHUNK_BUCKET: one compiled program for rows and chunks of similar lengths.
 ROW_BUCKET = 16
 CHUNK_BUCKET = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    """One demonstration (or a query): tokens, some of them replaced by embeddings.
-
-    Attributes:
-        tokens: int ``[n]``.
-        answer: bool ``[n]``: the answer's tokens (what the demonstration teaches).
-        embeddings: ``None`` or float ``[n, D]`` input embeddings (image patches).
-        embedded: ``None`` or bool ``[n]``: where ``embeddings`` replace ``tokens``.
-    """
-
-    tokens: np.ndarray
-    answer: np.ndarray
-    embeddings: np.ndarray | None = None
-    embedded: np.ndarray | None = None
-
-    def __post_init__(self):
-        tokens, answer = np.asarray(self.tokens), np.asarray(self.answer)
-        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer) or not tokens.size:
-            raise ValueError(f"Example.tokens must be a non-empty int [n], got {tokens.shape}")
-        if answer.shape != tokens.shape or answer.dtype != bool:
-            raise ValueError(f"Example.answer must be bool {tokens.shape}, got {answer.shape}")
-        if (self.embeddings is None) != (self.embedded is None):
-            raise ValueError("Example: give embeddings and embedded together, or neither")
-        if self.embeddings is not None:
-            embeddings, embedded = np.asarray(self.embeddings), np.asarray(self.embedded)
-            if embeddings.ndim != 2 or embeddings.shape[0] != tokens.size:
-                raise ValueError(
-                    f"Example.embeddings must be [n={tokens.size}, D], got {embeddings.shape}"
-                )
-            if embedded.shape != tokens.shape or embedded.dtype != bool:
-                raise ValueError(f"Example.embedded must be bool {tokens.shape}")
-
-    def __len__(self) -> int:
-        return int(np.asarray(self.tokens).size)
-
-
-@dataclasses.dataclass(frozen=True)
-class EMLoCConfig:
-    """EMLoC's settings (defaults: the official image setting).
-
-    Attributes:
-        chunk_size: demonstrations per chunk (official: 4; 20 for ImageNet).
-        ratios: keep ratios tried per layer, in order (each in (0, 1]).
-        delta: the bound on the mean JS divergence of an accepted layer.
-        pool: average-pooling kernel over tokens (odd).
-        answer_bonus: added to the importance of the chunk's answer tokens.
-    """
-
-    chunk_size: int = 4
-    ratios: tuple[float, ...] = (0.1, 0.2, 0.5)
-    delta: float = 0.005
-    pool: int = 5
-    answer_bonus: float = 100.0
-
-    def __post_init__(self):
-        if isinstance(self.chunk_size, bool) or not isinstance(self.chunk_size, int):
-            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size!r}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be an int >= 1, got {self.chunk_size}")
-        if not self.ratios or any(not 0 < r <= 1 for r in self.ratios):
-            raise ValueError(f"ratios must be keep ratios in (0, 1], got {self.ratios}")
-        if not self.delta >= 0:
-            raise ValueError(f"delta must be >= 0, got {self.delta}")
-        if self.pool < 1 or self.pool % 2 == 0:
-            raise ValueError(f"pool must be an odd kernel size >= 1, got {self.pool}")
 
 
 @dataclasses.dataclass
@@ -146,26 +80,6 @@ class Compression:
 
 
 # Sequences and rows ---------------------------------------------------------------------
-
-
-def join_examples(examples: Sequence[Example], embed_dim: int):
-    """Concatenated tokens, answer mask, embeddings and embedding mask of ``examples``."""
-    tokens = np.concatenate([np.asarray(e.tokens, np.int32) for e in examples])
-    answer = np.concatenate([np.asarray(e.answer) for e in examples])
-    embeddings = np.zeros((tokens.size, embed_dim), np.float32)
-    embedded = np.zeros(tokens.size, bool)
-    start = 0
-    for e in examples:
-        if e.embeddings is not None:
-            if np.asarray(e.embeddings).shape[1] != embed_dim:
-                raise ValueError(
-                    f"Example embeddings have width {np.asarray(e.embeddings).shape[1]}, the "
-                    f"model's embed_dim is {embed_dim}"
-                )
-            embeddings[start : start + len(e)] = e.embeddings
-            embedded[start : start + len(e)] = e.embedded
-        start += len(e)
-    return tokens, answer, embeddings, embedded
 
 
 def _used(example: Example) -> int:
@@ -320,23 +234,6 @@ def importance(
     summed = np.einsum("rnqc,rq->nc", chunk, valid.astype(np.float64))  # [N, C]
     pooled = pooled_head_scores(summed, num_kv_heads, pool)
     return pooled + answer_bonus * np.asarray(answer, np.float64)[None]
-
-
-def pooled_head_scores(summed: np.ndarray, num_kv_heads: int, pool: int) -> np.ndarray:
-    """float64 ``[K, C]``: per-query-head token scores ``summed [N, C]`` added over the
-    query heads of each key/value group, then average-pooled over tokens (kernel
-    ``pool``, zero padding counted, as ``avg_pool1d`` with padding ``pool // 2``)."""
-    grouped = np.asarray(summed, np.float64).reshape(num_kv_heads, -1, summed.shape[-1]).sum(1)
-    half = pool // 2
-    padded = np.pad(grouped, ((0, 0), (half, half)))
-    return sum(padded[:, i : i + grouped.shape[1]] for i in range(pool)) / pool
-
-
-def top_tokens(scores: np.ndarray, count: int) -> np.ndarray:
-    """int ``[K, count]``: each head's ``count`` highest-scoring tokens (ties: earlier
-    tokens first)."""
-    order = np.argsort(-scores, axis=-1, kind="stable")
-    return order[:, :count]
 
 
 # Compression ------------------------------------------------------------------------------

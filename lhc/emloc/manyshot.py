@@ -13,7 +13,7 @@ query's answer is read against); an image input is one placeholder token per pat
 computes (``PatchLM``). Which letter names which class, and which keywords or prototype
 it has, is only in the context: the model must learn it there.
 
-``ManyShotTask`` trains a model on sequences of ``shots`` demonstrations, with the loss
+``lhc.emloc.task.ManyShotTask`` trains a model on sequences of ``shots`` demonstrations, with the loss
 on every label (from the second demonstration of a class on, only the context can tell
 it). ``episode`` makes evaluation episodes: demonstrations and held-out queries.
 """
@@ -29,12 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc import lm
-from lhc.data.iterators import row_rngs, stack_rows
-from lhc.emloc.compress import Example
+from lhc.emloc.examples import Example
 from lhc.nn.config import register_model
 from lhc.nn.linear import dense
-from lhc.train.causal_lm import CausalLMTask
-from lhc.train.tasks import register_task
 
 NEWLINE = ord("\n")
 LABELS = np.arange(ord("A"), ord("Z") + 1)
@@ -279,41 +276,3 @@ def with_embeddings(model: PatchLM, params, examples: list[Example], features) -
         )
         out.append(Example(example.tokens, example.answer, np.asarray(embeddings), embedded))
     return out
-
-
-@register_task("emloc_manyshot")
-class ManyShotTask(CausalLMTask):
-    """Config keys: ``model`` (``lhc.lm.LMConfig`` fields; ``scan_layers=False`` so that
-    EMLoC can compress with the trained model), ``data`` (``name``, ``shots``:
-    demonstrations per training sequence, and the fields of ``ManyShot``), with those
-    of ``CausalLMTask``."""
-
-    def _model_factory_path(self) -> str:
-        return "lhc.emloc.manyshot:PatchLM"
-
-    def manyshot(self) -> ManyShot:
-        fields = dict(self.config.data)
-        for key in ("name", "shots", "min_shots"):
-            fields.pop(key, None)
-        return ManyShot(**fields)
-
-    def _make_batch(self, seed, index, rows):
-        task, shots = self.manyshot(), int(self.config.data.shots)
-        min_shots = self.config.data.get("min_shots")
-        make = lambda rng: training_row(rng, task, shots, min_shots)
-        return stack_rows(make, row_rngs(seed, index, rows))
-
-    def init_params(self, rng):
-        spec = self.batch_spec(1)
-        tokens = jnp.zeros(spec["tokens"].shape, jnp.int32)
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        features = jnp.zeros(spec["features"].shape, jnp.float32)
-        return self.model.init(rng, tokens, positions, features=features)["params"]
-
-    def _logits(self, params, batch, rng=None):
-        tokens = batch["tokens"]
-        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        logits, _ = self.model.apply(
-            {"params": params}, tokens, positions, features=batch["features"]
-        )
-        return logits

@@ -27,7 +27,7 @@ from lhc.graphs.batch import from_adjacencies
 from lhc.graphs.distances import resistance_distances, shortest_path_distances
 from lhc.graphs.influence import graph_influence, node_influence, range_measure
 from lhc.graphs.models import GNN
-from lhc.train.tasks import Task, register_task
+from lhc.train.tasks import Task
 
 _EVAL_SEED_OFFSET = 1_000_003  # held-out feature draws
 VARIANTS = (("spd", True), ("spd", False), ("res", True), ("res", False))
@@ -53,7 +53,6 @@ def ranges(influence, distances: dict) -> dict[str, float]:
     }
 
 
-@register_task("graph_range")
 class RangeTask(Task):
     def make_model(self):
         data = self.config.data

@@ -7,7 +7,7 @@ keywords, or with probability ``noise`` any upper-case letter. A demonstration i
 ``input\\nlabel``, demonstrations are joined by ``\\n\\n\\n`` and the query is ``input\\n``
 (the released code's layout; byte tokens).
 
-``PretrainTask`` trains a decoder on prompts that each draw a new task (2 to
+``lhc.icl.task.PretrainTask`` trains a decoder on prompts that each draw a new task (2 to
 ``max_classes`` classes, 1 to ``max_shots`` demonstrations per class, shuffled, then a
 query of a random class), the loss on the label words: in-context classification in
 general, optionally through a curriculum of easier prompts first. ``fixed_task`` draws
@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from lhc.data.iterators import row_rngs, stack_rows
 from lhc.icl.iterative import Examples, Format, build_prompt
-from lhc.parallel import global_batch
-from lhc.train.causal_lm import CausalLMTask
-from lhc.train.tasks import register_task
 
 LABEL_WORDS = (
     "apple",
@@ -138,7 +132,7 @@ def training_row(
     """One pretraining prompt, right-padded to ``width``: ``tokens``, ``targets``,
     ``weights`` (1 on the label words), each ``[1, width - 1]``. Without ``separator``
     the labels follow their inputs directly (``input label``), the easier prompts that
-    a curriculum (``PretrainTask``'s ``stages``) starts from; a ``separator`` strictly
+    a curriculum (``lhc.icl.task.PretrainTask``'s ``stages``) starts from; a ``separator`` strictly
     between 0 and 1 is the probability of the separator in this prompt."""
     if not 0 <= float(separator) <= 1:
         raise ValueError(f"separator must be a bool or a probability in [0, 1], got {separator}")
@@ -176,72 +170,3 @@ def query_targets(targets: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray,
     query = np.array([np.flatnonzero(row)[-1] for row in starts])
     classes = np.array([len(set(t[s].tolist())) for t, s in zip(np.asarray(targets), starts)])
     return query.astype(np.int32), classes.astype(np.float32)
-
-
-@register_task("icl_classification")
-class PretrainTask(CausalLMTask):
-    """Config keys: ``data`` (``max_classes``, ``max_shots``, ``width``, ``keywords``,
-    ``input_length``, ``noise``, optional ``stages``), ``model``, with those of
-    ``CausalLMTask``.
-
-    ``stages`` is a curriculum: a list of dicts, each ``steps`` (how many training steps
-    it lasts) and the data keys it changes (``separator``, ``max_classes``,
-    ``max_shots``, ...); after the last stage, and for evaluation, the prompts are those
-    of the data keys themselves. Batch ``i`` is drawn with the settings of step ``i``,
-    so a resumed run continues the curriculum where it stopped.
-
-    Evaluation adds ``eval/query_accuracy``, how often the query's first label token is
-    the most likely next token (the in-context classification itself; the other label
-    tokens mostly follow from the first), and ``eval/query_chance``, the mean over
-    prompts of one over the number of classes shown.
-    """
-
-    def _data(self, step: int | None) -> dict:
-        """``training_row``'s keyword arguments at training step ``step`` (None: after
-        the curriculum)."""
-        data = dict(self.config.data)
-        data.pop("name", None)
-        allowed = (set(data) | {"separator"}) - {"width", "stages"}
-        end, found = 0, None
-        for stage in data.pop("stages", None) or ():
-            stage = dict(stage)
-            steps = int(stage.pop("steps", 0))
-            if steps <= 0 or set(stage) - allowed:
-                raise ValueError(
-                    f"config.data.stages: each stage needs steps > 0 and only keys among "
-                    f"{sorted(allowed)}, got {dict(stage, steps=steps)}"
-                )
-            end += steps
-            if found is None and step is not None and step < end:
-                found = stage
-        return {**data, **(found or {})}
-
-    def _make_batch(self, seed, index, rows):
-        data = self._data(index)
-        return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))
-
-    def _make_eval_batch(self, seed, index, rows):
-        data = self._data(None)
-        return stack_rows(lambda rng: training_row(rng, **data), row_rngs(seed, index, rows))
-
-    def evaluate(self, params):
-        metrics = super().evaluate(params)
-        iterator = self._eval_iterator(jax.process_index(), jax.process_count())
-
-        def counts(params, batch):
-            rows = jnp.arange(batch["query"].shape[0])
-            logits = self._logits(params, batch)[rows, batch["query"]]
-            hit = jnp.argmax(logits, axis=-1) == batch["targets"][rows, batch["query"]]
-            return hit.sum(), (1.0 / batch["classes"]).sum(), rows.size
-
-        counts = jax.jit(counts)
-        totals = np.zeros(3)
-        for _ in range(int(self.config.eval_batches)):
-            batch = next(iterator)
-            batch["query"], batch["classes"] = query_targets(batch["targets"], batch["weights"])
-            totals += np.array(
-                jax.device_get(counts(params, global_batch(batch, self.mesh, self.rules))), float
-            )
-        metrics["eval/query_accuracy"] = totals[0] / totals[2]
-        metrics["eval/query_chance"] = totals[1] / totals[2]
-        return metrics

@@ -16,7 +16,7 @@ ones of the official code:
 * ``"arith"``: an integer x in [10, 99]; x + 1, 2x, x * x or x - 1.
 
 Three families that are not the paper's, of tasks a 135M-parameter model does alone in
-context (``experiments/icl_superposition``):
+context (``experiments/icl/superposition``):
 
 * ``"case"``: an English word; the word itself, upper-cased, or capitalised.
 * ``"antonym"``: an English word of ``ANTONYMS``; its opposite, the word itself, or the

@@ -41,13 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.icl.activations import edit_at, read_activations
+from lhc.icl.config import ExtractConfig
 from lhc.icl.scoring import pad_rows, padded_width
-from lhc.lm.decoding import (
-    empty_cache,
-    left_pad,
-    left_padded_positions,
-    prefill_chunks,
-)
+from lhc.lm.decoding import prefill_chunks
+from lhc.lm.prompts import left_pad, left_padded_positions
+from lhc.lm.rules import empty_cache
 from lhc.nn.intervention import Edit, Intervention
 
 
@@ -148,20 +146,6 @@ def _edited(model, width, prompts, classes, vectors, strength):
     at = np.stack([p.separators for p in prompts])
     values = _vector_values(vectors, classes, strength)
     return edit_at(model.config.num_layers, width, at, values, per_layer=True, site="attention")
-
-
-@dataclasses.dataclass
-class ExtractConfig:
-    """``ext_shot`` demonstrations per class, ``ext_strength``, ``episodes`` (200 in the
-    paper's code), ``ext_batch`` (10), ``negative_shift`` (1 as released: the zero-shot
-    read is one token before the separator; 0 reads at it), ``seed``."""
-
-    ext_shot: int = 1
-    ext_strength: float = 0.5
-    episodes: int = 200
-    ext_batch: int = 10
-    negative_shift: int = 1
-    seed: int = 0
 
 
 def episode_differences(model, params, fmt: Format, episodes, vectors, config: ExtractConfig):

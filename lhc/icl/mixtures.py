@@ -33,7 +33,7 @@ import numpy as np
 from lhc.icl.families import Family, superposition_prompt
 from lhc.icl.scoring import kl_to_proportions, with_other
 from lhc.icl.shared_prefix import ANSWER_BUCKET, AnswerScores, score_answers
-from lhc.lm.decoding import bucket_length
+from lhc.lm.prompts import bucket_length
 
 LINE_END = "\n"
 

@@ -25,14 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.lm.cache import repeat_rows
-from lhc.lm.decoding import (
-    DEFAULT_PREFILL_CHUNK,
-    bucket_length,
-    empty_cache,
-    left_pad,
-    left_padded_positions,
-    prefill_chunks,
-)
+from lhc.lm.decoding import DEFAULT_PREFILL_CHUNK, prefill_chunks
+from lhc.lm.prompts import bucket_length, left_pad, left_padded_positions
+from lhc.lm.rules import empty_cache
 
 ANSWER_BUCKET = 4
 

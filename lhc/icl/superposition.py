@@ -7,13 +7,14 @@ Two task kinds, character-level (byte tokens), a demonstration ``input>answer\\n
 * ``"copy"``: input 8 distinct random letters, answer the letter at a hidden index
   k in 0..7.
 
-Training prompts (``training_row``) hold ``demos`` demonstrations of one task whose
-hidden parameter is drawn per prompt, the loss on the answers (the answer character
-and the newline). A mixture prompt (``mixture_prompt``) draws each demonstration's task
-from two hidden parameters (2 and 6 by default, as the paper's code) with proportions
-(d, 1 - d); its query input gets two different answers, one per task. The model's
-probability of each answer (teacher-forced, ``lhc.icl.answer_probabilities``) against
-d is the experiment (``superposition_curve``).
+Training prompts (``training_row``, those of ``lhc.icl.task.SuperpositionTask``) hold
+``demos`` demonstrations of one task whose hidden parameter is drawn per prompt, the
+loss on the answers (the answer character and the newline). A mixture prompt
+(``mixture_prompt``) draws each demonstration's task from two hidden parameters (2 and
+6 by default, as the paper's code) with proportions (d, 1 - d); its query input gets
+two different answers, one per task. The model's probability of each answer
+(teacher-forced, ``lhc.icl.answer_probabilities``) against d is the experiment
+(``superposition_curve``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,7 @@ import string
 
 import numpy as np
 
-from lhc.data.iterators import row_rngs, stack_rows
 from lhc.icl.scoring import answer_probabilities
-from lhc.train.causal_lm import CausalLMTask
-from lhc.train.tasks import register_task
 
 KINDS = ("bias_add", "copy")
 SEPARATOR, NEWLINE = ord(">"), ord("\n")
@@ -166,16 +164,3 @@ def superposition_curve(
         realised=np.array(realised),
         both=np.array(both),
     )
-
-
-@register_task("icl_superposition")
-class SuperpositionTask(CausalLMTask):
-    """Config keys: ``data`` (``kind``, ``demos``), ``model`` (``lhc.lm.LMConfig``
-    fields), with those of ``CausalLMTask``."""
-
-    def scratch_task(self) -> ScratchTask:
-        return ScratchTask(kind=str(self.config.data.kind), demos=int(self.config.data.demos))
-
-    def _make_batch(self, seed, index, rows):
-        task = self.scratch_task()
-        return stack_rows(lambda rng: training_row(rng, task), row_rngs(seed, index, rows))

@@ -11,7 +11,7 @@ Questions ask:
 * ``twohop``: "Which character has visited Ostrelia?" (landmark -> city -> region).
 
 Decoys stand next to landmarks of other regions, so exactly one line answers. The
-training task (``config.task = "lhc.nolima.world:WorldTask"``) shows every landmark in
+training task (``config.task = "lhc.nolima.task:WorldTask"``) shows every landmark in
 every question type, with fresh names, filler and decoys each time; the association is
 learned into the weights, never stated in a context. Evaluation goes through the
 ordinary harness: ``World.needle_set`` writes the world as a needle set (landmarks of
@@ -26,12 +26,9 @@ import dataclasses
 import numpy as np
 
 from lhc.data.haystack import Haystack
-from lhc.data.iterators import row_rngs, stack_rows
 from lhc.lm.tokenizers import ByteTokenizer
 from lhc.nolima.evaluate import PromptFormat, prompt_tokens
 from lhc.nolima.needles import NeedleCase, NeedleSet, NeedleTest, fill
-from lhc.train.causal_lm import CausalLMTask
-from lhc.train.passkey_task import PasskeyTask, right_pad
 
 TEMPLATE = "{haystack}\nQuestion: {question}\nAnswer:"
 FORMAT = PromptFormat(task_template=TEMPLATE, add_bos=True)
@@ -215,56 +212,3 @@ def world_example(
     weights = np.zeros(length - 1, np.float32)
     weights[len(prompt) - 1 :] = 1.0  # the targets that are the answer's tokens
     return {"tokens": tokens[None, :-1], "targets": tokens[None, 1:], "weights": weights[None]}
-
-
-class WorldTask(PasskeyTask):
-    """Trains any causal LM (``config.model_factory``) on the world's questions.
-
-    Config keys: those of ``CausalLMTask``; ``world`` = ``regions``, ``cities``,
-    ``landmarks``, ``seed``; ``data`` = ``length`` (tokens per sequence), ``min_length``
-    (optional: lengths uniform in [min_length, length], right-padded), ``decoy_rate``,
-    ``min_decoys``, ``question_types``, ``lm_loss_weight``.
-    """
-
-    def world(self) -> World:
-        w = self.config.world
-        return World.generate(
-            regions=int(w.regions),
-            cities=int(w.cities),
-            landmarks=int(w.landmarks),
-            seed=int(w.seed),
-        )
-
-    def _make_batch(self, seed, index, rows):
-        data, world = self.config.data, self.world()
-        longest = int(data.length)
-        shortest = int(data.get("min_length") or longest)
-        if not 1 <= shortest <= longest:
-            raise ValueError(
-                f"config.data.min_length must lie in [1, length={longest}], got {shortest}"
-            )
-        types = tuple(data.get("question_types", ("onehop", "twohop", "direct")))
-        unknown = set(types) - set(QUESTIONS)
-        if unknown:
-            raise ValueError(
-                f"config.data.question_types: unknown {sorted(unknown)}; known {sorted(QUESTIONS)}"
-            )
-
-        def row(rng):
-            n = int(rng.integers(shortest, longest + 1))
-            example = world_example(
-                rng,
-                world,
-                length=n + 1,
-                tokenizer=self.tokenizer,
-                decoy_rate=float(data.get("decoy_rate", 0.2)),
-                min_decoys=int(data.get("min_decoys", 2)),
-                question_types=types,
-            )
-            return right_pad(example, longest, self.tokenizer.pad_id)
-
-        return stack_rows(row, row_rngs(seed, index, rows))
-
-    def evaluate(self, params):
-        # Held-out loss and answer accuracy; the NoLiMa sweep is the harness's.
-        return CausalLMTask.evaluate(self, params)

@@ -7,6 +7,7 @@ long context, and the verifier moves the target's distribution toward the drafte
     prompts = lhc.rapid.build_prompts(contexts, questions, lhc.rapid.RetrievalConfig())
     out = lhc.rapid.rapid_generate(model, params, prompts, max_new_tokens=64, eta=10.0)
 
+* ``lhc.rapid.config``: ``RetrievalConfig``, how the RAG prompt is built.
 * ``lhc.rapid.retrieval``: chunking, BM25 (``bm25s``) or dense scores, the budget
   ``max(min_budget, |C| / ratio)``, the similarity threshold, chunks in document order.
 * ``lhc.rapid.transfer``: ``transfer_logits``, ``residual_probs`` and the verifier
@@ -18,6 +19,7 @@ long context, and the verifier moves the target's distribution toward the drafte
   two baselines, ``target_generate`` and ``rag_generate``.
 """
 
+from lhc.rapid.config import RetrievalConfig
 from lhc.rapid.decoding import (
     Prompts,
     build_prompts,
@@ -29,7 +31,6 @@ from lhc.rapid.decoding import (
 from lhc.rapid.footprint import memory_estimate
 from lhc.rapid.retrieval import (
     RagPrompt,
-    RetrievalConfig,
     bm25_scores,
     chunk_tokens,
     cosine_scores,

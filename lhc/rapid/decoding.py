@@ -20,14 +20,8 @@ import numpy as np
 from lhc.lm.decoding import GREEDY, generate, prefilled_cache
 from lhc.lm.sampling import SamplingParams
 from lhc.lm.speculative import ModelDrafter, SpeculativeOutput, speculative_generate
-from lhc.rapid.retrieval import (
-    DEFAULT_RETRIEVAL,
-    RagPrompt,
-    RetrievalConfig,
-    Tokens,
-    rag_prompt,
-    token_terms,
-)
+from lhc.rapid.config import RetrievalConfig
+from lhc.rapid.retrieval import DEFAULT_RETRIEVAL, RagPrompt, Tokens, rag_prompt, token_terms
 from lhc.rapid.transfer import RapidSampling
 
 

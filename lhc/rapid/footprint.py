@@ -12,7 +12,6 @@ are not counted.
 
 from __future__ import annotations
 
-from lhc.bench import markdown_table
 from lhc.lm.config import LMConfig
 from lhc.lm.costs import decode_bytes_per_token
 
@@ -68,23 +67,3 @@ def memory_estimate(
     parts = {name: float(value) for name, value in parts.items()}
     parts["total"] = sum(parts.values())
     return parts
-
-
-def memory_table(rows: list[tuple[int, int, dict[str, float]]]) -> str:
-    """A markdown table, GiB: one row per ``(context_len, rag_len, estimate)``."""
-    names = (
-        "target_weights",
-        "draft_weights",
-        "target_cache",
-        "draft_cache",
-        "round_buffers",
-        "prefill_scores",
-        "total",
-    )
-    columns = [("context", "context"), ("RAG prompt", "rag")]
-    columns += [(name, name, ".2f") for name in names]
-    table = [
-        dict(context=context, rag=rag, **{n: parts[n] / 2**30 for n in names})
-        for context, rag, parts in rows
-    ]
-    return markdown_table(columns, table)

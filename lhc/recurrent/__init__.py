@@ -6,9 +6,9 @@ This package has:
 * Mamba-2 and gated-linear-attention language models on the causal-LM protocol whose
   cache is the recurrent state (``Mamba2LM``, ``GLALM``, ``RecurrentCache``: memory
   independent of the context, exact rollback of the latest call's last tokens for
-  speculative decoding), with model factories for ``lhc.train``
-  (``lhc.recurrent.factories``; ``configs/recurrent_passkey.py``) and the paper's
-  interventions as switches of the training task (``lhc.recurrent.task``): Random Noise,
+  speculative decoding), their configs (``lhc.recurrent.config``; trained through
+  ``config.model_factory = "lhc.recurrent:Mamba2LM"``, ``configs/recurrent_passkey.py``)
+  and the paper's interventions as switches of the training task (``lhc.recurrent.task``): Random Noise,
   Fitted Noise, State Passing and truncated backpropagation through time;
 * the recurrences, each as a chunked parallel form over a sequence and a single step,
   both taking an initial state and returning the final one: Mamba-2's SSD (``ssd``,
@@ -22,6 +22,7 @@ This package has:
 """
 
 from lhc.recurrent.cache import RecurrentCache
+from lhc.recurrent.config import GLAConfig, Mamba2Config
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.evaluation import (
     bucket_means,
@@ -30,8 +31,8 @@ from lhc.recurrent.evaluation import (
     plot_curves,
     total_variation,
 )
-from lhc.recurrent.gla_lm import GLALM, GLAConfig
-from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
+from lhc.recurrent.gla_lm import GLALM
+from lhc.recurrent.mamba2 import Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 __all__ = [

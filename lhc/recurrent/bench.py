@@ -33,8 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc import bench
-from lhc.recurrent.gla_lm import GLALM, GLAConfig
-from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
+from lhc.recurrent.config import GLAConfig, Mamba2Config
+from lhc.recurrent.gla_lm import GLALM
+from lhc.recurrent.mamba2 import Mamba2LM
 from lhc.recurrent.scan import gla, gla_step, ssd, ssd_step
 
 BATCH = 2

@@ -10,51 +10,15 @@ has zero keys and zero log-gates, so it leaves the state unchanged.
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm, SwiGLU
 from lhc.nn.config import register_model
+from lhc.recurrent.config import GLAConfig
 from lhc.recurrent.scan import gla, gla_step
-from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class GLAConfig(RecurrentLMConfig):
-    """Shape of a ``GLALM``: the ``RecurrentLMConfig`` fields and
-
-    Attributes:
-        num_heads: H.
-        key_dim: Dk per head.
-        value_dim: Dv per head.
-        gate_rank: rank of the forget-gate projection.
-        gate_temperature: log-gates are ``log_sigmoid(.) / gate_temperature``.
-        mlp_dim: SwiGLU hidden width.
-    """
-
-    num_heads: int = 2
-    key_dim: int = 16
-    value_dim: int = 32
-    gate_rank: int = 16
-    gate_temperature: float = 16.0
-    mlp_dim: int = 128
-
-    POSITIVE = (
-        *RecurrentLMConfig.POSITIVE,
-        "num_heads",
-        "key_dim",
-        "value_dim",
-        "gate_rank",
-        "mlp_dim",
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.gate_temperature > 0:
-            raise ValueError(f"GLAConfig.gate_temperature must be > 0, got {self.gate_temperature}")
+from lhc.recurrent.stack import RecurrentLM
 
 
 class GLALayer(nn.Module):

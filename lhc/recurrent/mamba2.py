@@ -15,71 +15,16 @@ speculative rollback within them is exact.
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from lhc.nn import Einsum, RMSNorm
 from lhc.nn.config import register_model
+from lhc.recurrent.config import Mamba2Config
 from lhc.recurrent.conv import causal_conv
 from lhc.recurrent.scan import ssd, ssd_step
-from lhc.recurrent.stack import RecurrentLM, RecurrentLMConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Mamba2Config(RecurrentLMConfig):
-    """Shape of a ``Mamba2LM``: the ``RecurrentLMConfig`` fields (``num_layers`` counts
-    blocks; the SSD runs in float32) and
-
-    Attributes:
-        expand: the inner width is ``expand * D``.
-        head_dim: P, channels per SSD head (``expand * D / P`` heads).
-        state_dim: N, the SSM state per channel.
-        num_groups: G, groups of heads sharing B and C.
-        conv_width: K, the causal convolution's width.
-    """
-
-    expand: int = 2
-    head_dim: int = 16
-    state_dim: int = 16
-    num_groups: int = 1
-    conv_width: int = 4
-
-    POSITIVE = (
-        *RecurrentLMConfig.POSITIVE,
-        "expand",
-        "head_dim",
-        "state_dim",
-        "num_groups",
-        "conv_width",
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.inner_dim % self.head_dim:
-            raise ValueError(
-                f"Mamba2Config: expand * embed_dim = {self.inner_dim} must be a multiple of "
-                f"head_dim = {self.head_dim}"
-            )
-        if self.num_heads % self.num_groups:
-            raise ValueError(
-                f"Mamba2Config: the {self.num_heads} heads must be a multiple of "
-                f"num_groups = {self.num_groups}"
-            )
-
-    @property
-    def inner_dim(self) -> int:
-        return self.expand * self.embed_dim
-
-    @property
-    def num_heads(self) -> int:
-        return self.inner_dim // self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.inner_dim + 2 * self.num_groups * self.state_dim
+from lhc.recurrent.stack import RecurrentLM
 
 
 def _param(module, name, init, shape, axes, param_dtype):

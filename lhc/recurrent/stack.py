@@ -11,7 +11,6 @@ the states after each of those (``[B, tail, ...]`` each, oldest first; None when
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -19,43 +18,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from lhc.nn import Embed, RMSNorm, output_logits
-from lhc.nn.config import ModelConfig
 from lhc.recurrent.cache import RecurrentCache, layer_history
-
-
-@dataclasses.dataclass(frozen=True)
-class RecurrentLMConfig(ModelConfig):
-    """The fields every recurrent LM's config has; a model's own fields follow these.
-
-    Attributes:
-        vocab_size: V.
-        num_layers: layers (blocks).
-        embed_dim: D, the residual width.
-        chunk_size: the chunked scan's chunk length.
-        rollback: how many tokens of the latest call truncation can undo exactly.
-        max_len: the longest sequence generation code should plan for (the state does
-            not grow with it).
-        norm_eps: RMSNorm epsilon.
-        tie_embeddings: the output projection is the embedding table.
-        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``; the
-            recurrence runs in float32).
-        param_dtype: storage dtype name of the parameters.
-    """
-
-    vocab_size: int
-    num_layers: int = 2
-    embed_dim: int = 64
-    chunk_size: int = 64
-    rollback: int = 16
-    max_len: int = 1 << 20
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-
-    POSITIVE = ("vocab_size", "num_layers", "embed_dim", "chunk_size", "max_len")
-    NON_NEGATIVE = ("rollback",)
-    DTYPES = ("dtype", "param_dtype")
+from lhc.recurrent.config import RecurrentLMConfig
 
 
 class RecurrentLM(nn.Module):

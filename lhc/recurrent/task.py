@@ -1,7 +1,7 @@
 """Training recurrent LMs from non-zero initial states: the unexplored-states
 interventions of Buitrago Ruiz & Gu, as switches of one passkey task.
 
-``RecurrentPasskeyTask`` is the passkey task (``lhc.train.passkey_task``) whose training
+``RecurrentPasskeyTask`` is the passkey task (``lhc.train.passkey``) whose training
 forward pass starts every sequence from the state ``config.initial_state.kind`` says:
 
 * ``"zero"``: the zero state (the usual training). These steps also record, per layer
@@ -38,9 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc.data.iterators import consecutive_chunks
-from lhc.data.passkey import passkey_example
 from lhc.recurrent.cache import RecurrentCache
-from lhc.train.passkey_task import PasskeyTask
+from lhc.train.passkey import PasskeyTask, passkey_example
 
 KINDS = ("zero", "noise", "fitted", "passing", "tbtt")
 NOT_PERTURBED = ("conv",)  # states that noise leaves at zero and moments do not cover

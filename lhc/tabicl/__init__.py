@@ -4,7 +4,7 @@ The network (``TabICL``, ``TabICLConfig``), official checkpoints (``load_checkpo
 Orbax conversion), memory-bounded inference (``predict_logits`` in ``inference``, driving
 the jitted stages of ``chunked``), the scikit-learn classifier (``TabICLClassifier``),
 and the synthetic prior (``PriorConfig``, ``sample_batch``, the curriculum) that the
-``tabicl_pretrain`` task trains on.
+pretraining task (``lhc.tabicl.task``) trains on.
 """
 
 from lhc.tabicl import _extra  # noqa: F401  (scikit-learn, or an error naming the extra)

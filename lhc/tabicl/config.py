@@ -1,4 +1,5 @@
-"""TabICL's architecture: ``TabICLConfig`` and the constants the reference fixes."""
+"""TabICL's configs: the architecture (``TabICLConfig``, with the constants the reference
+fixes) and the synthetic prior's tables (``PriorConfig``)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,121 @@ class TabICLConfig(ModelConfig):
     def icl_dim(self) -> int:
         """D, the ICL width: the C CLS outputs of width E concatenated."""
         return self.embed_dim * self.row_num_cls
+
+
+PRIOR_TYPES = ("mix_scm", "mlp_scm", "tree_scm")
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorConfig:
+    """What a batch of prior tables looks like. Defaults are stage 1 of the curriculum.
+
+    Attributes:
+      batch_size: B, tables per batch.
+      num_rows: the most rows a table has (the reference's ``max_seq_len``); also the
+        padded T unless ``row_multiple`` is set.
+      min_rows: None for exactly ``num_rows`` rows; else tables have
+        U[min_rows, num_rows) rows (log-uniform with ``log_rows``).
+      log_rows: sample the row count log-uniformly.
+      rows_per_group: each group draws its own row count and train size (else one per
+        batch); the feature cap then shrinks with the row count, as in the reference.
+      replay_small: in 5% of draws U[200, 1000) rows, in 25% log-U[1000, 10000) rows
+        (capped at ``num_rows``).
+      min_features, max_features: the feature count is round(U(min, max)); H = max.
+      max_classes: the largest K.
+      min_train_fraction, max_train_fraction: train_size = int(T * U(min, max)).
+      prior_type: "mix_scm", "mlp_scm" or "tree_scm".
+      mix_probs: (MLP, tree) probabilities of "mix_scm".
+      tables_per_group: tables sharing meta-sampled hyperparameter distributions.
+      tables_per_subgroup: tables sharing prior type, feature count and hyperparameters
+        (None: the same as ``tables_per_group``).
+      cat_prob: probability that some feature columns of a table are binned.
+      row_multiple: None pads every batch to ``num_rows`` rows; an integer pads to the
+        batch's longest table rounded up to a multiple of it (fewer padded rows, a few
+        distinct shapes).
+      train_size_multiple: None keeps the sampled train size; an integer rounds it down
+        to a multiple of itself (at least one multiple), so a jitted model that takes the
+        train size as a static shape compiles only ``num_rows / train_size_multiple``
+        variants.
+      max_attempts: redraws of one table before giving up with a RuntimeError.
+    """
+
+    batch_size: int = 512
+    num_rows: int = 1024
+    min_rows: int | None = None
+    log_rows: bool = False
+    rows_per_group: bool = False
+    replay_small: bool = False
+    min_features: int = 2
+    max_features: int = 100
+    max_classes: int = 10
+    min_train_fraction: float = 0.1
+    max_train_fraction: float = 0.9
+    prior_type: str = "mix_scm"
+    mix_probs: tuple[float, float] = (0.7, 0.3)
+    tables_per_group: int = 4
+    tables_per_subgroup: int | None = None
+    cat_prob: float = 0.2
+    row_multiple: int | None = None
+    train_size_multiple: int | None = None
+    max_attempts: int = 1000
+
+    def __post_init__(self):
+        def check(ok: bool, name: str, expected: str):
+            if not ok:
+                raise ValueError(
+                    f"PriorConfig.{name}: expected {expected}, got {getattr(self, name)!r}"
+                )
+
+        check(self.batch_size >= 1, "batch_size", "an integer >= 1")
+        check(self.num_rows >= 4, "num_rows", "an integer >= 4")
+        check(
+            self.min_rows is None or 4 <= self.min_rows < self.num_rows,
+            "min_rows",
+            f"None or an integer in [4, num_rows={self.num_rows})",
+        )
+        check(
+            1 <= self.min_features <= self.max_features,
+            "min_features",
+            "1 <= min_features <= max_features",
+        )
+        check(2 <= self.max_classes, "max_classes", "an integer >= 2")
+        check(
+            0.0 < self.min_train_fraction < self.max_train_fraction < 1.0,
+            "min_train_fraction",
+            f"0 < min_train_fraction < max_train_fraction={self.max_train_fraction} < 1",
+        )
+        check(self.prior_type in PRIOR_TYPES, "prior_type", f"one of {PRIOR_TYPES}")
+        check(
+            len(self.mix_probs) == 2
+            and min(self.mix_probs) >= 0
+            and abs(sum(self.mix_probs) - 1) < 1e-6,
+            "mix_probs",
+            "two probabilities summing to 1",
+        )
+        check(self.tables_per_group >= 1, "tables_per_group", "an integer >= 1")
+        check(
+            self.tables_per_subgroup is None or self.tables_per_subgroup >= 1,
+            "tables_per_subgroup",
+            "None or an integer >= 1",
+        )
+        check(0.0 <= self.cat_prob <= 1.0, "cat_prob", "a probability")
+        check(
+            self.row_multiple is None or self.row_multiple >= 1,
+            "row_multiple",
+            "None or an integer >= 1",
+        )
+        check(
+            self.train_size_multiple is None
+            or 1 <= self.train_size_multiple < self.num_rows * self.max_train_fraction,
+            "train_size_multiple",
+            "None or an integer in [1, num_rows * max_train_fraction)",
+        )
+        check(self.max_attempts >= 1, "max_attempts", "an integer >= 1")
+
+    def replace(self, **changes) -> PriorConfig:
+        """A copy with some fields changed; an unknown field is a ValueError."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"PriorConfig: unknown fields {unknown}")
+        return dataclasses.replace(self, **changes)

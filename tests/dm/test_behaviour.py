@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from lhc.dm.config import SACConfig
 from lhc.dm.data import load_d4rl
 from lhc.dm.recipe import (
     DATASET_NAMES,
@@ -26,7 +27,6 @@ from lhc.dm.recipe import (
 )
 from lhc.dm.sac import (
     ReplayBuffer,
-    SACConfig,
     create_sac_state,
     critic_target,
     polyak_update,

@@ -7,15 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lhc.dm.model import (
-    Block,
-    DecisionModel,
-    DMConfig,
-    Router,
-    aux_loss,
-    flops_per_action,
-    kth_largest,
-)
+from lhc.dm.config import DMConfig
+from lhc.dm.model import Block, DecisionModel, Router, aux_loss, flops_per_action, kth_largest
 
 S, A, K = 4, 2, 6
 

@@ -182,6 +182,9 @@ def test_the_first_argument_picks_the_benchmark(capsys):
     with pytest.raises(SystemExit):
         bench.main(["vectors", "--workdir", "x", "--ext-shots", "1,two"])
     assert "--ext-shots: expected comma-separated ints, got '1,two'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="^0$"):
+        bench.main(["--help"])
+    assert "lhc bench icl superposition --workdir" in capsys.readouterr().out
 
 
 def test_vectors_table_from_a_workdir(tmp_path, capsys):

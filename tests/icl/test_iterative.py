@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from lhc.icl import iterative
-from lhc.icl.iterative import Examples, ExtractConfig, Format, build_prompt
+from lhc.icl.config import ExtractConfig
+from lhc.icl.iterative import Examples, Format, build_prompt
 
 from ..support import forward
 from .conftest import CONFIG

@@ -105,8 +105,8 @@ def test_setup_runs_on_a_checkpoint(setup_files):
 
 
 def test_passkey_questions_and_scoring():
-    from lhc.data.passkey import NEEDLE, QUESTION
     from lhc.rapid.bench import passkey_questions, starts_with_answer
+    from lhc.train.passkey import NEEDLE, QUESTION
 
     tokenizer = lm.ByteTokenizer()
     contexts, questions, answers = passkey_questions(1000, 3, seed=4)

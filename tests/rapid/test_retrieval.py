@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from lhc import lm
-from lhc.data.passkey import NEEDLE, QUESTION, Filler
 from lhc.rapid import (
     RetrievalConfig,
     bm25_scores,
@@ -20,6 +19,7 @@ from lhc.rapid import (
     select_chunks,
     word_terms,
 )
+from lhc.train.passkey import NEEDLE, QUESTION, Filler
 
 
 def _lucene_bm25(docs, query, k1=1.5, b=0.75):

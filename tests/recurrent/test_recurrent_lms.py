@@ -13,8 +13,9 @@ import pytest
 from lhc import lm
 from lhc.lm.cache import Cache
 from lhc.lm.speculative import ModelDrafter, speculative_generate
-from lhc.recurrent.gla_lm import GLALM, GLAConfig
-from lhc.recurrent.mamba2 import Mamba2Config, Mamba2LM
+from lhc.recurrent.config import GLAConfig, Mamba2Config
+from lhc.recurrent.gla_lm import GLALM
+from lhc.recurrent.mamba2 import Mamba2LM
 
 MODELS = {
     "mamba2": Mamba2LM(

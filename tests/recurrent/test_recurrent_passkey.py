@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from lhc.recurrent.factories import mamba2_from_config
+from lhc.nn.config import build_model
+from lhc.recurrent import Mamba2LM
 from lhc.recurrent.task import fitted_states, noise_states
 from lhc.train import build_experiment, train_and_evaluate
 from lhc.train import config as config_lib
@@ -63,7 +64,7 @@ def test_a_zero_state_run_resumes_with_each_intervention(tmp_path):
 
 def test_an_unknown_model_field_is_a_clear_error():
     with pytest.raises(ValueError, match=r"config.model: unknown Mamba2Config keys: 'heads'"):
-        mamba2_from_config({"vocab_size": 8, "heads": 2})
+        build_model(Mamba2LM, {"vocab_size": 8, "heads": 2})
 
 
 def _task(init, *overrides):

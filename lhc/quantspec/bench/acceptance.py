@@ -1,0 +1,153 @@
+"""The acceptance of draft variants. A draft is ``kv4`` or ``kv8`` (the cache read at 4
+bits, QuantSpec's draft, or at 8 bits, the target's reading), optionally
+``+<rtn|gptq>-<sym|asym>-<group>[-all]`` (INT4 weights rounded to nearest or with GPTQ,
+symmetric or with a minimum per group, the MLP or every linear layer; without it the
+draft has the target's weights)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import jax
+import numpy as np
+
+from lhc import lm
+from lhc.quantspec import decoding
+from lhc.quantspec.gptq import calibrate
+from lhc.quantspec.weights import quantize_params
+from lhc.stats import markdown_table
+
+
+def parse_draft(spec: str) -> dict:
+    """``kv4`` / ``kv8``, optionally ``+<rtn|gptq>-<sym|asym>-<group>[-all]`` (see the
+    module's docstring), as a dict; ValueError naming the spec otherwise."""
+    kv, _, weights = spec.partition("+")
+    parts = weights.split("-") if weights else []
+    ok = kv in ("kv4", "kv8") and (
+        not parts
+        or (
+            len(parts) in (3, 4)
+            and parts[0] in ("rtn", "gptq")
+            and parts[1] in ("sym", "asym")
+            and parts[2].isdigit()
+            and parts[3:] in ([], ["all"])
+        )
+    )
+    if not ok:
+        raise ValueError(
+            f"draft {spec!r}: expected kv4 or kv8, optionally +<rtn|gptq>-<sym|asym>-<group>"
+            f"[-all], e.g. kv4+gptq-sym-64"
+        )
+    draft = dict(name=spec, kv_bits=int(kv[2:]), method=None)
+    if parts:
+        draft.update(
+            method=parts[0],
+            symmetric=parts[1] == "sym",
+            group=int(parts[2]),
+            layers="all" if parts[3:] else "mlp",
+        )
+    return draft
+
+
+def draft_weights(model, params, draft: dict, calibration) -> Any:
+    """The draft's parameters for a ``parse_draft`` dict (``params`` themselves when it
+    quantizes no weights; GPTQ on ``calibration`` tokens ``[n, T]``)."""
+    if draft["method"] is None:
+        return params
+    settings = dict(group_size=draft["group"], layers=draft["layers"], symmetric=draft["symmetric"])
+    if draft["method"] == "rtn":
+        return quantize_params(params, **settings)
+    return calibrate(model, params, calibration, **settings)
+
+
+def acceptance_rows(
+    model,
+    params,
+    prompts: dict,
+    drafts,
+    *,
+    gammas,
+    temperatures,
+    new_tokens: int,
+    group_size: int,
+    calibration=None,
+    stop_tokens=(),
+    log=print,
+):
+    """One row per draft, prompt length, gamma and temperature: the acceptance rate and
+    tokens per round over the prompts' rows, and (greedy) whether every row's output
+    equals plain decoding on the 8-bit path. ``prompts``: ``{length: int [B, length]}``."""
+    # Every draft's weights first: a grid the model's layers cannot take fails before
+    # any decoding.
+    weights_of = {}
+    for spec in drafts:
+        try:
+            weights_of[spec] = draft_weights(model, params, parse_draft(spec), calibration)
+        except ValueError as error:
+            raise ValueError(f"draft {spec!r}: {error}") from None
+    plain = {
+        n: decoding.generate(
+            model,
+            params,
+            p,
+            max_new_tokens=new_tokens,
+            group_size=group_size,
+            stop_tokens=stop_tokens,
+        )
+        for n, p in prompts.items()
+    }
+    rows = []
+    for spec in drafts:
+        draft, weights = parse_draft(spec), weights_of[spec]
+        for (length, prompt), gamma, temperature in itertools.product(
+            prompts.items(), gammas, temperatures
+        ):
+            sampling = lm.SamplingParams(temperature=temperature)
+            out = decoding.speculative_generate(
+                model,
+                params,
+                prompt,
+                gamma=gamma,
+                max_new_tokens=new_tokens,
+                group_size=group_size,
+                draft_params=weights,
+                draft_kv_bits=draft["kv_bits"],
+                sampling=sampling,
+                rng=jax.random.key(0) if temperature > 0 else None,
+                stop_tokens=stop_tokens,
+            )
+            lengths = np.asarray(out.lengths)
+            same = None
+            if temperature == 0:
+                want = plain[length]
+                same = np.array_equal(lengths, np.asarray(want.lengths)) and all(
+                    np.array_equal(np.asarray(out.tokens)[b, :n], np.asarray(want.tokens)[b, :n])
+                    for b, n in enumerate(lengths)
+                )
+            rows.append(
+                dict(
+                    draft=spec,
+                    prompt=length,
+                    gamma=gamma,
+                    temperature=temperature,
+                    acceptance=float(out.acceptance_rate),
+                    tokens_per_round=float(lengths.mean()) / max(int(out.num_iterations), 1),
+                    new_tokens=int(lengths.sum()),
+                    same_as_8bit=same,
+                )
+            )
+            log(
+                f"{spec}: prompt {length}, gamma {gamma}, T {temperature}: acceptance {rows[-1]['acceptance']:.3f}"
+            )
+    return rows
+
+
+def acceptance_table(rows) -> str:
+    columns = [
+        ("draft", "draft"), ("prompt", "prompt"), ("gamma", "gamma"),
+        ("temperature", "temperature", "g"), ("acceptance", "acceptance", ".3f"),
+        ("tokens / round", "tokens_per_round", ".2f"), ("new tokens", "new_tokens"),
+        ("greedy output = 8-bit decoding", "same_as_8bit"),
+    ]  # fmt: skip
+    return markdown_table(columns, rows)

@@ -1,0 +1,215 @@
+"""The fact sweep of ``lhc bench rapid --haystack``: questions about facts inserted
+into a real text (``lhc.rapid.facts``), on a real checkpoint, by context length.
+
+Per length, ``--samples`` contexts carry ``--facts-per-context`` facts each; the target's
+cache of the contexts is prefilled once and every question set decodes from a copy. One
+record per (length, pass, method, set) goes to ``--results`` (JSON lines), so a stopped
+run resumes; ``fact_summary`` turns the records into accuracy with 95% Wilson intervals,
+acceptance, tokens/s and seconds per question.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lhc import bench, stats
+from lhc.rapid.bench.common import methods_for
+from lhc.rapid.config import RetrievalConfig
+from lhc.rapid.decoding import build_prompts, prefill_contexts
+from lhc.rapid.facts import fact_contexts
+from lhc.rapid.retrieval import word_terms
+
+
+def _answered(tokenizer, tokens, length: int, answer: str) -> bool:
+    """The answer, in any case, within the first ``length`` generated tokens."""
+    return answer.lower() in tokenizer.decode([int(t) for t in tokens[:length]]).lower()
+
+
+def _speculative_fields(out) -> dict:
+    if not hasattr(out, "num_iterations"):
+        return {}
+    return dict(
+        accepted=np.asarray(out.accepted).tolist(),
+        drafted=np.asarray(out.drafted).tolist(),
+        rounds=int(out.num_iterations),
+    )
+
+
+def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
+    """Questions about facts inserted into ``args.haystack`` (``lhc.rapid.facts``):
+    ``args.samples`` contexts per length, ``args.facts_per_context`` questions each.
+
+    Per length, the target's cache of the contexts is prefilled once (timed) and every
+    question set decodes from a copy. Accuracy pass: each method on each question set
+    with the stop tokens, up to ``--new-tokens``. Speed pass: each method on the first
+    set without stop tokens, exactly ``--new-tokens`` tokens; compilation (JAX's own
+    clock) is subtracted from the time. One record per (length, pass, method, set) is
+    appended to ``--results``; a rerun skips those already there.
+    """
+    tokenizer = loaded.tokenizer
+    prefix, separator, suffix = chat
+    records = stats.read_records(args.results) if args.results else []
+    done = {(r["length"], r["pass"], r["method"], r.get("set")) for r in records}
+    try:
+        facts = fact_contexts(
+            args.haystack,
+            tokenizer,
+            args.context_lengths,
+            num_contexts=args.samples,
+            facts_per_context=args.facts_per_context,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        raise SystemExit(f"--haystack / --samples / --facts-per-context: {error}") from None
+    model, params = loaded.model, loaded.params
+
+    def methods(stop_tokens):  # self-speculation: the target drafts on the RAG prompt
+        return methods_for(
+            model, params, model, params, args.etas, None, [], args.gamma, stop_tokens=stop_tokens
+        )
+
+    passes = {"accuracy": methods(loaded.stop_tokens), "speed": methods(())}
+    sets = {"accuracy": range(args.facts_per_context), "speed": [0]}
+
+    def emit(record):
+        records.append(record)
+        if args.results:
+            stats.append_records(args.results, [record])
+
+    for length, bucket in facts.items():
+        todo = [
+            (kind, j, method)
+            for kind, methods in passes.items()
+            for j in sets[kind]
+            for method in methods
+            if (length, kind, method[0], j) not in done
+        ]
+        if not todo:
+            continue
+        prompts = [
+            build_prompts(
+                bucket.contexts,
+                [[*tokenizer.encode(q), *suffix] for q in bucket.questions(j)],
+                retrieval,
+                terms=word_terms(tokenizer.decode),
+                prefix=prefix,
+                separator=separator,
+            )
+            for j in range(args.facts_per_context)
+        ]
+        extra = (
+            max(len(q) for p in prompts for q in p.questions) + args.new_tokens + args.gamma + 16
+        )
+        with bench.compile_clock() as clock:
+            start = time.perf_counter()
+            cache = jax.block_until_ready(prefill_contexts(model, params, prompts[0], extra=extra))
+            seconds = time.perf_counter() - start
+        if (length, "prefill", "target", None) not in done:
+            emit(
+                dict(
+                    length=length, **{"pass": "prefill"}, method="target", batch=args.samples,
+                    seconds=seconds - clock["seconds"], compile_seconds=clock["seconds"],
+                    rag_tokens=[len(t) for p in prompts for t in p.rag_tokens],
+                )
+            )  # fmt: skip
+        print(f"context {length}: prefilled in {seconds:.1f} s", flush=True)
+        by_name = {kind: {m[0]: m for m in ms} for kind, ms in passes.items()}
+        for kind, j, (name, _, _) in todo:
+            _, run, uses_cache = by_name[kind][name]
+            copy = jax.block_until_ready(jax.tree.map(jnp.copy, cache)) if uses_cache else None
+            with bench.compile_clock() as clock:
+                start = time.perf_counter()
+                out = jax.block_until_ready(run(prompts[j], args.new_tokens, copy))
+                seconds = time.perf_counter() - start
+            tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+            answers = bucket.answers(j)
+            emit(
+                dict(
+                    length=length, **{"pass": kind}, method=name, set=j,
+                    seconds=seconds - clock["seconds"], compile_seconds=clock["seconds"],
+                    lengths=lengths.tolist(),
+                    correct=[
+                        _answered(tokenizer, row, n, a)
+                        for row, n, a in zip(tokens, lengths, answers)
+                    ],
+                    depths=[d[j] for d in bucket.depths],
+                    **_speculative_fields(out),
+                )
+            )  # fmt: skip
+            print(f"context {length}: {kind} {name} set {j}: {seconds:.1f} s", flush=True)
+        del cache
+    result = fact_summary(records, args.new_tokens)
+    print(
+        f"\ngreedy, {args.samples} contexts x {args.facts_per_context} questions per length, "
+        f"chunks of {args.chunk_size}, budget max({args.min_budget}, N / {args.ratio:g}), "
+        f"gamma {args.gamma}"
+    )
+    print(fact_table(result))
+    return {"summary": result, "records": records}
+
+
+def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
+    """One row per (length, method): accuracy over every question with its 95% Wilson
+    interval, acceptance and tokens per round (accuracy pass); tokens/s over
+    ``new_tokens`` from the cached context, speedup over the target, and seconds per
+    question counting the context's prefill (speed pass)."""
+    prefill = {r["length"]: r for r in records if r["pass"] == "prefill"}
+    rows: dict[tuple[int, str], dict] = {}
+    for r in records:
+        if r["pass"] == "prefill":
+            continue
+        row = rows.setdefault(
+            (r["length"], r["method"]), dict(length=r["length"], method=r["method"])
+        )
+        if r["pass"] == "accuracy":
+            for key in ("correct", "accepted", "drafted", "lengths"):
+                row.setdefault(key, []).extend(r.get(key, []))
+            row["rounds"] = row.get("rounds", 0) + r.get("rounds", 0) * len(r["lengths"])
+        else:
+            batch = len(r["lengths"])
+            row["tokens_per_s"] = batch * new_tokens / r["seconds"]
+            own = r["seconds"] / batch
+            shared = prefill[r["length"]]["seconds"] / prefill[r["length"]]["batch"]
+            row["seconds_per_question"] = own + (0.0 if r["method"] == "rag" else shared)
+    out = []
+    for (length, method), row in sorted(rows.items(), key=lambda item: item[0][0]):
+        correct = row.get("correct", [])
+        low, high = stats.wilson_interval(sum(correct), len(correct))
+        summary = dict(
+            length=length, method=method, questions=len(correct),
+            accuracy=float(np.mean(correct)) if correct else None, low=low, high=high,
+            tokens_per_s=row.get("tokens_per_s"),
+            seconds_per_question=row.get("seconds_per_question"),
+        )  # fmt: skip
+        if row.get("drafted"):
+            summary["acceptance"] = sum(row["accepted"]) / max(sum(row["drafted"]), 1)
+            summary["tokens_per_round"] = sum(row["lengths"]) / max(row["rounds"], 1)
+        out.append(summary)
+    for row in out:
+        base = next(
+            (r for r in out if r["length"] == row["length"] and r["method"] == "target"), {}
+        )
+        if row["tokens_per_s"] and base.get("tokens_per_s"):
+            row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
+    return out
+
+
+def fact_table(rows: list[dict]) -> str:
+    rows = [
+        {**row, "interval": f"[{row['low']:.2f}, {row['high']:.2f}]"}
+        if row["accuracy"] is not None
+        else row
+        for row in rows
+    ]
+    columns = [
+        ("context", "length"), ("method", "method"), ("questions", "questions"),
+        ("accuracy", "accuracy", ".2f"), ("95% interval", "interval"),
+        ("acceptance", "acceptance", ".3f"), ("tokens/round", "tokens_per_round", ".2f"),
+        ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2fx"),
+        ("s/question", "seconds_per_question", ".1f"),
+    ]  # fmt: skip
+    return stats.markdown_table(columns, rows)
