@@ -21,6 +21,8 @@ import signal
 import sys
 import tempfile
 
+from lhc.bench import CHECKPOINT_HELP
+
 DEMO_CONFIG = "lm_assoc_recall.py:tiny"
 
 
@@ -98,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     source = generate.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--checkpoint", help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct"
+        "--checkpoint",
+        help=CHECKPOINT_HELP,
     )
     source.add_argument("--workdir", help="an lhc training run")
     generate.add_argument(

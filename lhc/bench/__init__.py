@@ -32,6 +32,13 @@ from typing import Any
 # lhc.stats's.
 from lhc.stats import append_records, markdown_table, read_records, wilson_interval  # noqa: F401
 
+# The --checkpoint help of every command (kept off lhc.lm, which imports JAX); it names
+# every model of lhc.lm.pretrained_models.MODELS (tested).
+CHECKPOINT_HELP = (
+    "a Hugging Face directory, a .gguf file, or smollm2-135m-instruct, gemma3-270m, "
+    "qwen2.5-coder-0.5b-instruct (fetched once)"
+)
+
 # name -> "module:function"; one entry per package, sub-benchmarks as the first argument.
 BENCHMARKS = {
     "dm": "lhc.dm.bench:main",
@@ -111,7 +118,7 @@ def add_model_source(
     source.add_argument(
         "--checkpoint",
         default=None,
-        help="a Hugging Face directory, a .gguf file or smollm2-135m-instruct",
+        help=CHECKPOINT_HELP,
     )
     source.add_argument("--workdir", default=None, help=workdir_help)
     parser_.add_argument(

