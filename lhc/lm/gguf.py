@@ -8,8 +8,8 @@ A GGUF file is llama.cpp's single-file checkpoint: a header of typed key/value m
 (the model's hyperparameters under ``{arch}.*``, the vocabulary under ``tokenizer.*``),
 a table of tensors, then the tensor data, each tensor in its own ggml type: F32, F16,
 BF16, or a block quantization (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K-Q6_K:
-blocks of 32 or 256 values sharing scales). The file is memory-mapped with llama.cpp's
-own ``gguf`` package and each tensor is dequantized to float32 with
+blocks of 32 or 256 values sharing scales). The file is memory-mapped and read by
+``lhc.lm.gguf_file``, and each tensor is dequantized to float32 with llama.cpp's own
 ``gguf.quants.dequantize`` when it is converted, one at a time.
 
 The metadata becomes a Hugging Face ``config.json`` dict and the tensors get Hugging Face
@@ -53,40 +53,25 @@ divisors (1 for short wavelengths, ``factor`` for long ones, a blend between) ra
 as metadata; ``load`` recovers the ``llama3`` parameters from it and checks that they
 reproduce every divisor.
 
-Tokenizer (``tokenizer.ggml.*``), built with the ``tokenizers`` library:
-
-* ``model == "gpt2"``: byte-level BPE over ``tokens`` and ``merges``, text split as the
-  ``pre`` type says (the GPT-2 pattern; the Llama 3, Qwen2, Tekken and GPT-4o patterns;
-  digits one by one before the GPT-2 pattern for SmolLM and StarCoder, as llama.cpp and
-  their ``tokenizer.json`` do); Llama 3 vocabularies take a word that is a vocabulary
-  entry whole (``ignore_merges``). An unknown ``pre`` is an error, not a guess.
-* ``model == "llama"``: SentencePiece-style BPE: ``"▁"`` for spaces (one prepended to the
-  text when ``add_space_prefix``), merges from ``merges`` or else ranked by the
-  ``scores`` of the merged pieces, unknown characters as ``<0xXX>`` byte tokens.
-
-Tokens typed CONTROL or UNKNOWN become special added tokens (matched whole in the text,
-dropped by ``decode(skip_special_tokens=True)``), USER_DEFINED ones plain added tokens.
+The tokenizer, chat template and stop tokens come from ``lhc.lm.gguf_tokenizer``
+(``load_tokenizer``, ``stop_tokens``; also importable from here).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
-from collections.abc import Sequence
 from typing import Any
 
-import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 from lhc.lm import hf
 from lhc.lm.config import LMConfig
-from lhc.lm.tokenizers import HFTokenizer
+from lhc.lm.gguf_file import GGUFFile, GGUFTensor, read_gguf
+from lhc.lm.gguf_tokenizer import load_tokenizer, stop_tokens  # noqa: F401 (lhc.lm.gguf's API)
 from lhc.nn.rope import rope_frequencies
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
@@ -130,89 +115,7 @@ _LAYER_TENSORS = {
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"
 
-# llama.cpp's tokenizer.ggml.token_type values.
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
-
-# Split patterns of byte-level vocabularies, by tokenizer.ggml.pre (those of the
-# models' own tokenizer.json files, which llama.cpp re-implements).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O_SPLIT = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPLITS = {
-    **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "falcon3", "pixtral"), _LLAMA3_SPLIT
-    ),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2_SPLIT),
-    "tekken": _TEKKEN_SPLIT,
-    "gpt-4o": _GPT4O_SPLIT,
-}
-# The GPT-2 pattern itself (the ByteLevel pre-tokenizer's own); "default" is what the
-# converter writes for a vocabulary it does not recognise.
-_GPT2_PRE = ("default", "gpt-2", "gpt2", "mpt", "olmo", "jais")
-# Digits one by one, then the GPT-2 pattern.
-_DIGITS_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
-# A word that is itself a vocabulary entry is one token, whatever the merges (Llama 3's
-# tokenizer.json has ignore_merges; llama.cpp sets it for these).
-_IGNORE_MERGES_PRE = ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral")
-
-
 # Reading -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _File:
-    """An open GGUF file: its path (for messages), reader and tensors by name."""
-
-    path: str
-    reader: gguf.GGUFReader
-    tensors: dict[str, Any]
-
-    def get(self, key: str, default: Any = _REQUIRED) -> Any:
-        field = self.reader.fields.get(key)
-        if field is None:
-            if default is _REQUIRED:
-                raise ValueError(f"{self.path}: metadata key {key!r} is missing")
-            return default
-        return field.contents()
-
-
-def _open(path: str | os.PathLike) -> _File:
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no GGUF file at {path}")
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file: it starts with {magic!r}, expected b'GGUF'")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as error:
-        raise ValueError(
-            f"{path} is truncated or corrupt: the GGUF reader failed ({error})"
-        ) from error
-    return _File(path, reader, {tensor.name: tensor for tensor in reader.tensors})
-
-
-def _numpy_shape(tensor: Any) -> tuple[int, ...]:
-    """A tensor's shape in numpy order (GGUF lists ``ne``, fastest-varying first)."""
-    return tuple(int(n) for n in reversed(tensor.shape))
 
 
 def _unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -228,14 +131,13 @@ class _Dequantized:
     """One GGUF tensor, dequantized (and un-permuted) only when made an array, so that
     ``params_from_hf`` holds one float32 tensor at a time beside the parameters."""
 
-    def __init__(self, tensor: Any, permuted_heads: int | None = None):
+    def __init__(self, tensor: GGUFTensor, permuted_heads: int | None = None):
         self._tensor = tensor
         self._permuted_heads = permuted_heads
-        self.shape = _numpy_shape(tensor)
+        self.shape = tensor.shape
 
     def __array__(self, dtype=None, copy=None):
-        values = gguf.quants.dequantize(self._tensor.data, self._tensor.tensor_type)
-        values = values.reshape(self.shape)
+        values = self._tensor.dequantize()
         if self._permuted_heads is not None:
             values = _unpermute_rows(values, self._permuted_heads)
         return values if dtype is None else values.astype(dtype)
@@ -296,7 +198,7 @@ def _llama3_rope_scaling(
 
 
 def _rope_scaling(
-    file: _File, arch: str, rope_theta: float, head_dim: int
+    file: GGUFFile, arch: str, rope_theta: float, head_dim: int
 ) -> dict[str, Any] | None:
     tensors = file.tensors
     if _ROPE_FREQS in tensors:
@@ -313,7 +215,7 @@ def _rope_scaling(
     )
 
 
-def _hf_config(file: _File) -> dict[str, Any]:
+def _hf_config(file: GGUFFile) -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict that the file's metadata describes.
 
     Raises:
@@ -354,7 +256,7 @@ def _hf_config(file: _File) -> dict[str, Any]:
 
     return {
         "architectures": [_HF_ARCHITECTURES[arch]],
-        "vocab_size": _numpy_shape(tensors["token_embd.weight"])[0],
+        "vocab_size": tensors["token_embd.weight"].shape[0],
         "num_hidden_layers": int(get("block_count")),
         "hidden_size": hidden_size,
         "num_attention_heads": num_heads,
@@ -396,7 +298,7 @@ def _hf_name(name: str) -> str:
     return name
 
 
-def _hf_tensors(file: _File, hf_config: dict[str, Any]) -> dict[str, _Dequantized]:
+def _hf_tensors(file: GGUFFile, hf_config: dict[str, Any]) -> dict[str, _Dequantized]:
     """Lazily dequantized tensors under Hugging Face names, q/k rows un-permuted.
 
     Raises:
@@ -404,9 +306,9 @@ def _hf_tensors(file: _File, hf_config: dict[str, Any]) -> dict[str, _Dequantize
     """
     tensors = file.tensors
     for name, tensor in tensors.items():
-        if tensor.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+        if tensor.ggml_type not in SUPPORTED_TENSOR_TYPES:
             raise ValueError(
-                f"{file.path}: tensor {name!r} has ggml type {tensor.tensor_type.name}, "
+                f"{file.path}: tensor {name!r} has ggml type {tensor.ggml_type}, "
                 f"which lhc cannot dequantize; supported: {SUPPORTED_TENSOR_TYPES}"
             )
     arch = file.get("general.architecture")
@@ -450,171 +352,10 @@ def load(
         ValueError: not a GGUF file, truncated, an unsupported architecture, feature or
             ggml type, tensors missing, unexpected or of the wrong shape.
     """
-    file = _open(path)
+    file = read_gguf(path)
     hf_config = _hf_config(file)
     tensors = _hf_tensors(file, hf_config)
     try:
         return hf.from_hf(hf_config, tensors, dtype, mesh=mesh, rules=rules, **overrides)
     except ValueError as error:
         raise ValueError(f"{file.path}: {error}") from error
-
-
-# Tokenizer ---------------------------------------------------------------------------
-
-
-def _byte_level_bpe(file: _File, tokens: Sequence[str]) -> tokenizers.Tokenizer:
-    pre = file.get("tokenizer.ggml.pre", "default")
-    merges = [tuple(merge.split(" ", 1)) for merge in file.get("tokenizer.ggml.merges")]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    tokenizer = tokenizers.Tokenizer(
-        models.BPE(vocab, merges, ignore_merges=pre in _IGNORE_MERGES_PRE)
-    )
-    if pre in _SPLITS:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    elif pre in _DIGITS_PRE:
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Digits(individual_digits=True),
-                pre_tokenizers.ByteLevel(add_prefix_space=False),
-            ]
-        )
-    elif pre in _GPT2_PRE:
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        known = sorted({*_SPLITS, *_GPT2_PRE, *_DIGITS_PRE})
-        raise ValueError(
-            f"{file.path}: tokenizer.ggml.pre {pre!r} is not supported; known: {known}"
-        )
-    tokenizer.decoder = decoders.ByteLevel()
-    return tokenizer
-
-
-def _sentencepiece_merges(
-    tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]
-) -> list[tuple[str, str]]:
-    """BPE merges of a SentencePiece vocabulary, which has scores instead of merges.
-
-    SentencePiece merges the adjacent pair whose union scores highest, so every split of
-    a normal piece into two vocabulary pieces becomes a merge, ranked by the piece's
-    score (then longer left, longer right parts; then the parts' ids).
-    """
-    ids = {token: index for index, token in enumerate(tokens)}
-    ranked = []
-    for token, score, kind in zip(tokens, scores, types):
-        if kind != _NORMAL:
-            continue  # control, byte and user-defined pieces are never merged into
-        splits = [
-            (token[:cut], token[cut:])
-            for cut in range(1, len(token))
-            if token[:cut] in ids and token[cut:] in ids
-        ]
-        splits.sort(key=lambda pair: (ids[pair[0]], ids[pair[1]]))
-        ranked += [(score, left, right) for left, right in splits]
-    ranked.sort(key=lambda merge: (-merge[0], -len(merge[1]), -len(merge[2])))
-    return [(left, right) for _, left, right in ranked]
-
-
-def _sentencepiece_bpe(
-    file: _File, tokens: Sequence[str], types: Sequence[int]
-) -> tokenizers.Tokenizer:
-    merges = file.get("tokenizer.ggml.merges", None)
-    if merges is None:
-        merges = _sentencepiece_merges(tokens, file.get("tokenizer.ggml.scores"), types)
-    else:
-        merges = [tuple(merge.split(" ", 1)) for merge in merges]
-    unknown_id = file.get("tokenizer.ggml.unknown_token_id", None)
-    tokenizer = tokenizers.Tokenizer(
-        models.BPE(
-            {token: index for index, token in enumerate(tokens)},
-            merges,
-            unk_token=None if unknown_id is None else tokens[unknown_id],
-            fuse_unk=True,
-            byte_fallback=True,
-        )
-    )
-    add_space_prefix = bool(file.get("tokenizer.ggml.add_space_prefix", True))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first" if add_space_prefix else "never", split=False
-    )
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if add_space_prefix:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    tokenizer.decoder = decoders.Sequence(steps)
-    return tokenizer
-
-
-def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
-    """The tokenizer and chat template of a GGUF file.
-
-    ``bos_token``, ``eos_token`` and ``pad_token`` are the tokens of
-    ``tokenizer.ggml.{bos,eos,padding}_token_id``; the chat template is
-    ``tokenizer.chat_template``. Encoding adds no special tokens by itself (see
-    ``HFTokenizer.encode``'s ``add_bos``).
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: not a GGUF file, no vocabulary, an unsupported tokenizer model or
-            pre-tokenizer, or a special token id outside the vocabulary.
-    """
-    file = _open(path)
-    tokens = file.get("tokenizer.ggml.tokens")
-    types = file.get("tokenizer.ggml.token_type", None) or [_NORMAL] * len(tokens)
-    kind = file.get("tokenizer.ggml.model", None)
-    if kind == "gpt2":
-        tokenizer = _byte_level_bpe(file, tokens)
-    elif kind == "llama":
-        tokenizer = _sentencepiece_bpe(file, tokens, types)
-    else:
-        raise ValueError(
-            f"{file.path}: tokenizer.ggml.model {kind!r} is not supported; expected 'gpt2' "
-            "(byte-level BPE) or 'llama' (SentencePiece BPE)"
-        )
-    tokenizer.add_special_tokens(
-        [
-            AddedToken(token, special=True, normalized=False)
-            for token, token_type in zip(tokens, types)
-            if token and token_type in (_CONTROL, _UNKNOWN)
-        ]
-    )
-    tokenizer.add_tokens(
-        [
-            AddedToken(token, special=False, normalized=False)
-            for token, token_type in zip(tokens, types)
-            if token and token_type == _USER_DEFINED
-        ]
-    )
-    specials = {}
-    for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding")):
-        token_id = file.get(f"tokenizer.ggml.{key}_token_id", None)
-        if token_id is None:
-            continue
-        if not 0 <= token_id < len(tokens):
-            raise ValueError(
-                f"{file.path}: tokenizer.ggml.{key}_token_id {token_id} is outside the "
-                f"vocabulary of {len(tokens)} tokens"
-            )
-        specials[f"{name}_token"] = tokens[token_id]
-    return HFTokenizer(
-        tokenizer,
-        chat_template=file.get("tokenizer.chat_template", None),
-        add_bos_token=bool(file.get("tokenizer.ggml.add_bos_token", False)),
-        **specials,
-    )
-
-
-def stop_tokens(path: str | os.PathLike) -> tuple[int, ...]:
-    """End-of-generation ids of a GGUF file, for ``generate(..., stop_tokens=...)``:
-    ``tokenizer.ggml.eos_token_id``, then the end-of-turn and end-of-message ids
-    (``eot_token_id``, ``eom_token_id``) when present and different."""
-    file = _open(path)
-    ids: list[int] = []
-    for key in ("eos", "eot", "eom"):
-        token_id = file.get(f"tokenizer.ggml.{key}_token_id", None)
-        if token_id is not None and int(token_id) not in ids:
-            ids.append(int(token_id))
-    return tuple(ids)
