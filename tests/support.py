@@ -3,7 +3,7 @@
 as modules of the package ``tests``).
 
 * ``random_params``: random parameters of an ``lhc.lm`` decoder, from
-  ``lhc.lm.model.random_params``, rescaled when a test needs another scale.
+  ``lhc.lm.params.random_params``, rescaled when a test needs another scale.
 * ``forward``: a float64 numpy forward pass of the Llama/Qwen2 decoder, written loop by
   loop: one unpadded sequence, explicit loops over heads, causal mask by index, RoPE
   through complex multiplication. It shares nothing with lhc's einsums, masks and cache.
@@ -20,12 +20,12 @@ import math
 import jax
 import numpy as np
 
-from lhc.lm.model import random_params as _library_random_params
+from lhc.lm.params import random_params as _library_random_params
 
 
 def random_params(config, seed=0, scale=None, norms=None):
     """Random parameters of the ``lhc.lm`` decoder ``config``: those of
-    ``lhc.lm.model.random_params(config, seed)`` (normal, standard deviation
+    ``lhc.lm.params.random_params(config, seed)`` (normal, standard deviation
     ``embed_dim ** -0.5``), rescaled to standard deviation ``scale`` when it is given.
 
     ``norms``: when given, the norm layers' scales are ``1 + norms * z`` (``z`` the same

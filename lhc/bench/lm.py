@@ -51,7 +51,8 @@ from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig, get_preset
 from lhc.lm.costs import decode_bytes_per_token
 from lhc.lm.decoding import generate, prefill
-from lhc.lm.model import Transformer, count_params, init_params, random_params
+from lhc.lm.model import Transformer
+from lhc.lm.params import count_params, init_params, random_params
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -38,7 +38,8 @@ from lhc.gca.model import GCA, init_params
 from lhc.lm.cache import init_cache
 from lhc.lm.config import LMConfig
 from lhc.lm.decoding import prefill
-from lhc.lm.model import Transformer, random_params
+from lhc.lm.model import Transformer
+from lhc.lm.params import random_params
 
 DEFAULT_CONTEXTS = (1024, 4096, 16_384, 65_536, 262_144)
 

@@ -67,9 +67,8 @@ from lhc.lm.decoding import (
     prefill,
 )
 from lhc.lm.drafters import DraftProposal, ModelDrafter, SelfDrafter
-from lhc.lm.model import (
-    Block,
-    Transformer,
+from lhc.lm.model import Block, Transformer
+from lhc.lm.params import (
     abstract_params,
     convert_kernel_layout,
     count_params,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lhc.lm.config import LMConfig
-from lhc.lm.model import count_params
+from lhc.lm.params import count_params
 
 
 def decode_bytes_per_token(

@@ -36,7 +36,7 @@ import safetensors
 import safetensors.numpy
 
 from lhc.lm.config import LMConfig
-from lhc.lm.model import param_shardings, stack_layer_params, unstack_layer_params
+from lhc.lm.params import param_shardings, stack_layer_params, unstack_layer_params
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")

@@ -29,7 +29,8 @@ import numpy as np
 
 from lhc import bench
 from lhc.lm.config import LMConfig
-from lhc.lm.model import Transformer, random_params
+from lhc.lm.model import Transformer
+from lhc.lm.params import random_params
 from lhc.lm.sampling import SamplingParams
 from lhc.pencil.experiment import model_fields
 from lhc.pencil.generation import generate, generate_recompute

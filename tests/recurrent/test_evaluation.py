@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from lhc.lm.config import LMConfig
-from lhc.lm.model import Transformer, random_params
+from lhc.lm.model import Transformer
+from lhc.lm.params import random_params
 from lhc.recurrent.evaluation import (
     bucket_means,
     effective_remembrance,
