@@ -67,6 +67,7 @@ from lhc.lm.decoding import (
     prefill,
 )
 from lhc.lm.drafters import DraftProposal, ModelDrafter, SelfDrafter
+from lhc.lm.hybrid_cache import HybridKVCache, init_hybrid_cache
 from lhc.lm.model import Block, Transformer
 from lhc.lm.params import (
     abstract_params,
@@ -121,9 +122,11 @@ __all__ = [
     "unstack_layer_params",
     # Caches.
     "Cache",
+    "HybridKVCache",
     "KVCache",
     "SlidingWindowKVCache",
     "init_cache",
+    "init_hybrid_cache",
     "init_sliding_window_cache",
     "repeat_rows",
     # Decoding and sampling.

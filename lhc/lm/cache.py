@@ -246,19 +246,21 @@ def _store_shape(store) -> tuple[int, int, int, int, int]:
     return tuple(store.shape)
 
 
-def _new_store(config, batch_size: int, slots: int):
+def _new_store(config, batch_size: int, slots: int, num_layers: int):
     shape = (batch_size, config.num_kv_heads, slots, config.head_dim)
     dtype = jnp.dtype(config.dtype)
     if getattr(config, "scan_layers", False):
-        return jnp.zeros((config.num_layers, *shape), dtype)
-    return tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+        return jnp.zeros((num_layers, *shape), dtype)
+    return tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
 
 
-def _empty_slots(config, batch_size: int, slots: int) -> dict[str, Any]:
-    """Zero key and value stores of ``slots`` slots, every slot empty (position -1)."""
+def empty_slots(config, batch_size: int, slots: int, num_layers: int | None = None):
+    """Zero key and value stores of ``slots`` slots for ``num_layers`` layers (default
+    the config's), every slot empty (position -1): the fields of a ``KVCache``."""
+    num_layers = config.num_layers if num_layers is None else num_layers
     return {
-        "keys": _new_store(config, batch_size, slots),
-        "values": _new_store(config, batch_size, slots),
+        "keys": _new_store(config, batch_size, slots, num_layers),
+        "values": _new_store(config, batch_size, slots, num_layers),
         "positions": jnp.full((batch_size, slots), -1, jnp.int32),
         "lengths": jnp.zeros((batch_size,), jnp.int32),
     }
@@ -413,7 +415,7 @@ def init_cache(config, batch_size: int, max_len: int) -> KVCache:
         raise ValueError(
             f"init_cache: max_len must be in [1, config.max_len={config.max_len}], got {max_len}"
         )
-    return KVCache(**_empty_slots(config, batch_size, max_len))
+    return KVCache(**empty_slots(config, batch_size, max_len))
 
 
 # The ring of the last tokens -------------------------------------------------------------
@@ -473,6 +475,13 @@ class SlidingWindowKVCache(StoredKeys):
     def capacity(self) -> None:
         """``None``: a ring takes any number of tokens."""
         return None
+
+    @property
+    def padding_room(self) -> int:
+        """``S - W``: the most padding tokens that may come between two real tokens of a
+        sequence (a continued prompt's left padding) without pushing out keys the window
+        needs."""
+        return self.slots - self.window
 
     def _slot_order(self, lengths: jax.Array) -> jax.Array:
         """int32 ``[B, S]``: the append index of the token in each slot (-1: none yet)."""
@@ -570,7 +579,7 @@ def init_sliding_window_cache(
             f"init_sliding_window_cache: need 0 < window <= slots, got {window=} {slots=}"
         )
     return SlidingWindowKVCache(
-        **_empty_slots(config, batch_size, slots),
+        **empty_slots(config, batch_size, slots),
         complete=jnp.ones((batch_size,), bool),
         window=int(window),
     )

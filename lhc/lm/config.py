@@ -1,4 +1,4 @@
-"""Configuration of the decoder-only LM family (Llama, Qwen2 shapes)."""
+"""Configuration of the decoder-only LM family (Llama, Qwen2, Mistral, Gemma 3 shapes)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lhc.nn.remat import REMAT_POLICIES
 from lhc.nn.rope import validate_rope_scaling
 
 NORM_TYPES = ("rmsnorm", "layernorm")
-MLP_TYPES = ("swiglu", "gelu")
+MLP_TYPES = ("swiglu", "gelu", "geglu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +45,10 @@ class LMConfig(ModelConfig):
         sliding_window: ``None``, or ``W``: a query at position ``p`` attends only to
             keys at positions in ``(p - W, p]`` (Mistral, Qwen2 with sliding windows).
         full_attention_layers: layers that attend fully although ``sliding_window`` is
-            set (Qwen2's ``max_window_layers``); empty means every layer slides. Not
-            combinable with ``scan_layers``, whose layers share one window.
+            set (Qwen2's ``max_window_layers``, Gemma 3's global layers); empty means
+            every layer slides. With ``scan_layers`` the layers are scanned in groups
+            of the pattern's period (``layer_period``): Gemma 3's six, five local and
+            one global.
         kernel_layout: ``"in_out"`` (weights ``[D, F]``, flax's convention; use it to
             train) or ``"out_in"`` (``[F, D]``, the layout of Hugging Face checkpoints,
             which loads them without a transpose and decodes small batches on CPU
@@ -54,11 +56,26 @@ class LMConfig(ModelConfig):
             between the two.
         norm_type: ``"rmsnorm"`` (Llama, Qwen2) or ``"layernorm"`` (GPT-2 / nanoGPT,
             without bias), for every norm of the model.
-        mlp_type: ``"swiglu"`` (gated, ``mlp_dim`` wide: Llama, Qwen2) or ``"gelu"``
+        mlp_type: ``"swiglu"`` (gated, ``mlp_dim`` wide: Llama, Qwen2), ``"geglu"``
+            (gated with the tanh-approximate GELU: Gemma) or ``"gelu"``
             (``down(gelu(up(x)))``: GPT-2 / nanoGPT, usually ``mlp_dim = 4 D``).
         dropout_rate: residual dropout (on the embeddings and on each attention and MLP
             output, as nanoGPT's ``resid_dropout``), active only when the call is given
             an rng stream ``"train"`` (``lhc.train``'s causal-LM tasks do in training).
+        local_rope_theta: the RoPE base of the sliding-window layers, which then take
+            no ``rope_scaling`` (Gemma 3: 10,000 locally, ``rope_theta`` and any scaling
+            on the global layers); ``None``: every layer has ``rope_theta`` and
+            ``rope_scaling``.
+        qk_norm: RMS-normalise each head's queries and keys before RoPE (Gemma 3).
+        post_norms: also normalise the attention and MLP outputs before the residual
+            adds (Gemma's four norms per block: ``attention_norm``,
+            ``post_attention_norm``, ``mlp_norm``, ``post_mlp_norm``).
+        norm_scale_offset: every RMSNorm multiplies by ``norm_scale_offset + scale``
+            (Gemma: 1, its weights store the scale minus one).
+        embed_scale: multiply token embeddings (not the tied output head) by
+            ``sqrt(embed_dim)`` in the compute dtype (Gemma).
+        query_scale: the attention scores' scale, ``head_dim ** -0.5`` when ``None``
+            (Gemma 3: ``query_pre_attn_scalar ** -0.5``).
     """
 
     vocab_size: int
@@ -85,6 +102,12 @@ class LMConfig(ModelConfig):
     norm_type: str = "rmsnorm"
     mlp_type: str = "swiglu"
     dropout_rate: float = 0.0
+    local_rope_theta: float | None = None
+    qk_norm: bool = False
+    post_norms: bool = False
+    norm_scale_offset: float = 0.0
+    embed_scale: bool = False
+    query_scale: float | None = None
 
     POSITIVE = (
         "vocab_size",
@@ -130,10 +153,14 @@ class LMConfig(ModelConfig):
             )
         if full_layers and window is None:
             raise ValueError("LMConfig.full_attention_layers needs a sliding_window")
-        if full_layers and self.scan_layers and len(full_layers) < self.num_layers:
+        for name in ("local_rope_theta", "query_scale"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"LMConfig.{name} must be None or positive, got {value!r}")
+        if self.norm_type != "rmsnorm" and (self.qk_norm or self.norm_scale_offset):
             raise ValueError(
-                "LMConfig.scan_layers runs every layer with one window; full_attention_layers "
-                f"{full_layers} mixes windows (use scan_layers=False)"
+                "LMConfig.qk_norm and norm_scale_offset are RMSNorm's; norm_type is "
+                f"{self.norm_type!r}"
             )
         if window is not None and len(full_layers) == self.num_layers:
             window, full_layers = None, ()  # no layer slides
@@ -144,10 +171,29 @@ class LMConfig(ModelConfig):
         object.__setattr__(self, "rope_theta", float(self.rope_theta))
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
         object.__setattr__(self, "dropout_rate", float(self.dropout_rate))
+        object.__setattr__(self, "norm_scale_offset", float(self.norm_scale_offset))
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of ``layer`` (``None``: full causal attention)."""
         return None if layer in self.full_attention_layers else self.sliding_window
+
+    def layer_rope(self, layer: int) -> tuple[float, Any]:
+        """``(rope_theta, rope_scaling)`` of ``layer``."""
+        if self.local_rope_theta is not None and self.layer_window(layer) is not None:
+            return self.local_rope_theta, None
+        return self.rope_theta, self.rope_scaling
+
+    @property
+    def layer_period(self) -> int:
+        """P, the shortest period of the layers' windows: layer ``i`` has the window of
+        layer ``i % P`` (1 when every layer has the same; the number of layers when the
+        windows do not repeat)."""
+        windows = [self.layer_window(i) for i in range(self.num_layers)]
+        return next(
+            p
+            for p in range(1, self.num_layers + 1)
+            if all(windows[i] == windows[i % p] for i in range(self.num_layers))
+        )
 
     @property
     def num_query_groups(self) -> int:

@@ -1,4 +1,4 @@
-"""llama.cpp GGUF files of the Llama, Qwen2 and Mistral families, without torch.
+"""llama.cpp GGUF files of the Llama, Qwen2, Mistral and Gemma 3 families, without torch.
 
 ``load(path)`` reads a ``.gguf`` file and returns an ``LMConfig`` and parameters for
 ``lhc.lm.Transformer``; ``load_tokenizer(path)`` builds its tokenizer and chat template
@@ -16,7 +16,9 @@ The metadata becomes a Hugging Face ``config.json`` dict and the tensors get Hug
 names, so ``lhc.lm.hf.config_from_hf`` and ``lhc.lm.hf.params_from_hf`` build (and
 check) the config and parameters::
 
-    general.architecture "llama" | "qwen2"  -> LlamaForCausalLM | Qwen2ForCausalLM
+    general.architecture "llama" | "qwen2" | "gemma3"
+                                             -> LlamaForCausalLM | Qwen2ForCausalLM |
+                                                Gemma3ForCausalLM
     {arch}.block_count                       -> num_hidden_layers
     {arch}.embedding_length                  -> hidden_size
     {arch}.feed_forward_length               -> intermediate_size
@@ -39,6 +41,15 @@ check) the config and parameters::
     blk.i.ffn_{gate,up,down}.weight -> model.layers.i.mlp.{gate,up,down}_proj.weight
     output_norm.weight              -> model.norm.weight
     output.weight                   -> lm_head.weight
+
+Gemma 3 (``gemma3``): ``attn_norm``, ``post_attention_norm``, ``ffn_norm`` and
+``post_ffw_norm`` are the input, post-attention, pre-feed-forward and post-feed-forward
+norms, ``attn_q_norm`` / ``attn_k_norm`` the per-head ones; llama.cpp stores every norm
+weight plus one (Gemma's ``1 + w``), which ``load`` subtracts, and hard-codes what the
+file leaves out (``llama-model.cpp``): every sixth layer global, the local RoPE base
+10,000, and the query scale ``head_dim ** -0.5`` but for the 27B model (62 blocks):
+``(hidden / heads) ** -0.5``. (transformers' GGUF loader takes Gemma3TextConfig's
+``query_pre_attn_scalar`` 256 instead: the same for every released size but 27B.)
 
 GGUF lists a tensor's dimensions fastest-varying first (``ne``); ``GGUFReader`` gives the
 data in numpy order, so a linear layer arrives as Hugging Face's ``[out, in]``.
@@ -74,7 +85,7 @@ from lhc.lm.gguf_file import GGUFFile, GGUFTensor, read_gguf
 from lhc.lm.gguf_tokenizer import load_tokenizer, stop_tokens  # noqa: F401 (lhc.lm.gguf's API)
 from lhc.nn.rope import rope_frequencies
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 SUPPORTED_TENSOR_TYPES = (
     "F32",
     "F16",
@@ -90,7 +101,11 @@ SUPPORTED_TENSOR_TYPES = (
     "Q5_K",
     "Q6_K",
 )
-_HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
 _REQUIRED = object()
 
 _GLOBAL_TENSORS = {
@@ -112,6 +127,16 @@ _LAYER_TENSORS = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3's blocks have four norms and per-head q/k norms; ffn_norm is the MLP's input
+# norm in both layouts, called pre_feedforward_layernorm there.
+_GEMMA3_LAYER_TENSORS = {
+    **{k: v for k, v in _LAYER_TENSORS.items() if not k.endswith(".bias")},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"
 
@@ -131,15 +156,18 @@ class _Dequantized:
     """One GGUF tensor, dequantized (and un-permuted) only when made an array, so that
     ``params_from_hf`` holds one float32 tensor at a time beside the parameters."""
 
-    def __init__(self, tensor: GGUFTensor, permuted_heads: int | None = None):
+    def __init__(self, tensor: GGUFTensor, permuted_heads: int | None = None, offset: float = 0):
         self._tensor = tensor
         self._permuted_heads = permuted_heads
+        self._offset = offset
         self.shape = tensor.shape
 
     def __array__(self, dtype=None, copy=None):
         values = self._tensor.dequantize()
         if self._permuted_heads is not None:
             values = _unpermute_rows(values, self._permuted_heads)
+        if self._offset:
+            values = values + np.float32(self._offset)
         return values if dtype is None else values.astype(dtype)
 
 
@@ -254,6 +282,8 @@ def _hf_config(file: GGUFFile) -> dict[str, Any]:
     def has_bias(*names):
         return any(name.endswith(f".{n}.bias") for name in tensors for n in names)
 
+    if arch == "gemma3":
+        return _gemma3_hf_config(file, hidden_size, num_heads, int(num_kv_heads), head_dim)
     return {
         "architectures": [_HF_ARCHITECTURES[arch]],
         "vocab_size": tensors["token_embd.weight"].shape[0],
@@ -275,26 +305,64 @@ def _hf_config(file: GGUFFile) -> dict[str, Any]:
     }
 
 
+def _gemma3_hf_config(
+    file: GGUFFile, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int
+) -> dict[str, Any]:
+    """A ``Gemma3ForCausalLM`` config.json from a ``gemma3`` file, with what llama.cpp
+    hard-codes rather than stores (as its ``llama-model.cpp`` does): every sixth layer
+    global, the local layers' RoPE base 10,000, and the query scale ``head_dim ** -0.5``
+    except for the 27B model (62 blocks): ``(hidden_size / heads) ** -0.5``."""
+    num_layers = int(file.get("gemma3.block_count"))
+    rope_theta = float(file.get("gemma3.rope.freq_base", 1_000_000.0))
+    query_scalar = hidden_size // num_heads if num_layers == 62 else head_dim
+    return {
+        "architectures": [_HF_ARCHITECTURES["gemma3"]],
+        "model_type": "gemma3_text",
+        "vocab_size": file.tensors["token_embd.weight"].shape[0],
+        "num_hidden_layers": num_layers,
+        "hidden_size": hidden_size,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": int(file.get("gemma3.feed_forward_length")),
+        "max_position_embeddings": int(file.get("gemma3.context_length")),
+        "rms_norm_eps": float(file.get("gemma3.attention.layer_norm_rms_epsilon")),
+        "rope_theta": rope_theta,
+        "rope_local_base_freq": 10_000.0,
+        "rope_scaling": _rope_scaling(file, "gemma3", rope_theta, head_dim),
+        "sliding_window": int(file.get("gemma3.attention.sliding_window")),
+        "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": query_scalar,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": "output.weight" not in file.tensors,
+    }
+
+
 # Tensors -----------------------------------------------------------------------------
+
+
+def _layer_tensors(arch: str) -> dict[str, str]:
+    return _GEMMA3_LAYER_TENSORS if arch == "gemma3" else _LAYER_TENSORS
 
 
 def _required_tensors(arch: str, num_layers: int) -> list[str]:
     names = ["token_embd.weight", "output_norm.weight"]
-    per_layer = [name for name in _LAYER_TENSORS if name.endswith(".weight")]
+    per_layer = [name for name in _layer_tensors(arch) if name.endswith(".weight")]
     if arch == "qwen2":
         per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
     names += [f"blk.{layer}.{name}" for layer in range(num_layers) for name in per_layer]
     return names
 
 
-def _hf_name(name: str) -> str:
+def _hf_name(name: str, arch: str) -> str:
     """The Hugging Face name of a GGUF tensor (unknown names are kept, so that
     ``params_from_hf`` reports them as unexpected)."""
     if name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[name]
     match = _LAYER_TENSOR.fullmatch(name)
-    if match and match.group(2) in _LAYER_TENSORS:
-        return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
+    layer_tensors = _layer_tensors(arch)
+    if match and match.group(2) in layer_tensors:
+        return f"model.layers.{match.group(1)}.{layer_tensors[match.group(2)]}"
     return name
 
 
@@ -324,12 +392,15 @@ def _hf_tensors(file: GGUFFile, hf_config: dict[str, Any]) -> dict[str, _Dequant
             "attn_q": hf_config["num_attention_heads"],
             "attn_k": hf_config["num_key_value_heads"],
         }
+    # llama.cpp stores Gemma's norm weights plus one; Hugging Face's, as lhc's, without.
+    norm_offset = -1.0 if arch == "gemma3" else 0.0
     out = {}
     for name, tensor in tensors.items():
         if name == _ROPE_FREQS:
             continue  # read into the config
         kind = name.split(".")[-2] if name.startswith("blk.") else None
-        out[_hf_name(name)] = _Dequantized(tensor, permuted.get(kind))
+        offset = norm_offset if name.endswith("norm.weight") else 0.0
+        out[_hf_name(name, arch)] = _Dequantized(tensor, permuted.get(kind), offset)
     return out
 
 

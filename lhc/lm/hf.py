@@ -1,5 +1,6 @@
-"""Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM``
-checkpoints, without torch.
+"""Hugging Face ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``MistralForCausalLM`` /
+``Gemma3ForCausalLM`` checkpoints (and the language model of
+``Gemma3ForConditionalGeneration`` ones), without torch.
 
 ``load(path)`` reads ``config.json`` and ``*.safetensors`` (one file, or shards listed in
 ``model.safetensors.index.json``) from a local directory and returns an ``LMConfig`` and
@@ -17,6 +18,13 @@ Weight layout (HF stores ``nn.Linear`` weights as ``[out, in]``)::
     model.layers.i.mlp.down_proj       [D, F]      -> mlp/down/kernel          [F, D]
     model.layers.i.input_layernorm     [D]         -> attention_norm/scale
     model.layers.i.post_attention_layernorm [D]    -> mlp_norm/scale
+
+    Gemma 3 (four norms a block, each stored as ``scale - 1``, and per-head q/k norms):
+    model.layers.i.input_layernorm             -> attention_norm/scale
+    model.layers.i.post_attention_layernorm    -> post_attention_norm/scale
+    model.layers.i.pre_feedforward_layernorm   -> mlp_norm/scale
+    model.layers.i.post_feedforward_layernorm  -> post_mlp_norm/scale
+    model.layers.i.self_attn.{q,k}_norm  [H]   -> attention/{query,key}_norm/scale
     model.norm.weight                  [D]         -> final_norm/scale
     lm_head.weight                     [V, D]      -> lm_head/kernel           [D, V]
 """
@@ -36,15 +44,14 @@ import safetensors
 import safetensors.numpy
 
 from lhc.lm.config import LMConfig
+from lhc.lm.hf_config import (  # noqa: F401 (lhc.lm.hf's API)
+    SUPPORTED_ARCHITECTURES,
+    config_from_hf,
+    config_to_hf,
+)
 from lhc.lm.params import param_shardings, stack_layer_params, unstack_layer_params
 from lhc.parallel.mesh import LOGICAL_AXIS_RULES
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-_MODEL_TYPES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "MistralForCausalLM": "mistral",
-}
 # Buffers some exporters write beside the weights; they are recomputed, not loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _INDEX_FILE = "model.safetensors.index.json"
@@ -56,187 +63,41 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
-# Config ------------------------------------------------------------------------------
-
-
-def _architecture(hf_config: Mapping[str, Any]) -> str:
-    architectures = hf_config.get("architectures") or []
-    for name in architectures:
-        if name in SUPPORTED_ARCHITECTURES:
-            return name
-    by_type = {v: k for k, v in _MODEL_TYPES.items()}
-    if not architectures and hf_config.get("model_type") in by_type:
-        return by_type[hf_config["model_type"]]
-    raise ValueError(
-        f"unsupported architecture: expected one of {SUPPORTED_ARCHITECTURES}, got "
-        f"architectures={architectures!r} model_type={hf_config.get('model_type')!r}"
-    )
-
-
-def _rope(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """RoPE base and scaling from either config layout."""
-    parameters = hf_config.get("rope_parameters")
-    if parameters is not None:
-        # transformers >= 5: {"rope_type": ..., "rope_theta": ..., scaling keys}.
-        if "rope_theta" not in parameters:
-            raise ValueError(
-                f"config.json rope_parameters must hold rope_theta (one set of RoPE parameters "
-                f"for all layers), got {parameters!r}"
-            )
-        theta = parameters["rope_theta"]
-        scaling = dict(parameters)
-    else:
-        theta = hf_config.get("rope_theta", 10_000.0)
-        scaling = hf_config.get("rope_scaling")
-        scaling = None if scaling is None else dict(scaling)
-    if scaling is not None:
-        scaling.pop("rope_theta", None)
-        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
-            scaling = None
-    return float(theta), scaling
-
-
-def _sliding_window(architecture: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``sliding_window`` and ``full_attention_layers`` of a config.json.
-
-    Mistral slides in every layer when ``sliding_window`` is set. Qwen2 slides only with
-    ``use_sliding_window``, in the layers that ``layer_types`` marks
-    ``"sliding_attention"`` (written by recent transformers) or else from
-    ``max_window_layers`` on.
-    """
-    num_layers = hf_config["num_hidden_layers"]
-    window = hf_config.get("sliding_window")
-    if architecture == "LlamaForCausalLM" or window is None:
-        return {}
-    if architecture == "Qwen2ForCausalLM" and not hf_config.get("use_sliding_window", False):
-        return {}
-    layer_types = hf_config.get("layer_types")
-    if layer_types is not None:
-        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
-        if unknown or len(layer_types) != num_layers:
-            raise ValueError(
-                f"config.json layer_types must list {num_layers} of 'full_attention' / "
-                f"'sliding_attention', got {layer_types!r}"
-            )
-        full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
-    elif architecture == "Qwen2ForCausalLM":
-        full = list(range(min(hf_config.get("max_window_layers", 28), num_layers)))
-    else:
-        full = []
-    return dict(sliding_window=int(window), full_attention_layers=tuple(full))
-
-
-def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
-    """``LMConfig`` from the dict of a Llama, Qwen2 or Mistral ``config.json``.
-
-    Args:
-        hf_config: the parsed ``config.json``.
-        **overrides: ``LMConfig`` fields to set (``dtype``, ``scan_layers``, ``max_len``...).
-
-    Raises:
-        ValueError: unsupported architecture or feature (activation other than SiLU,
-            Llama/Mistral attention or MLP biases, unknown RoPE scaling, malformed
-            ``layer_types``).
-    """
-    architecture = _architecture(hf_config)
-    if hf_config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act must be 'silu', got {hf_config.get('hidden_act')!r}")
-    qkv_bias = architecture == "Qwen2ForCausalLM"
-    if not qkv_bias:
-        for key in ("attention_bias", "mlp_bias"):
-            if hf_config.get(key, False):
-                raise ValueError(f"{architecture} with {key}=true is not supported")
-    num_heads = hf_config["num_attention_heads"]
-    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads
-    rope_theta, rope_scaling = _rope(hf_config)
-    values = dict(
-        vocab_size=hf_config["vocab_size"],
-        num_layers=hf_config["num_hidden_layers"],
-        embed_dim=hf_config["hidden_size"],
-        num_heads=num_heads,
-        num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
-        head_dim=head_dim,
-        mlp_dim=hf_config["intermediate_size"],
-        max_len=hf_config["max_position_embeddings"],
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        norm_eps=hf_config.get("rms_norm_eps", 1e-6),
-        qkv_bias=qkv_bias,
-        # LlamaConfig, Qwen2Config and MistralConfig default to untied embeddings.
-        tie_embeddings=bool(hf_config.get("tie_word_embeddings", False)),
-        **_sliding_window(architecture, hf_config),
-    )
-    values.update(overrides)
-    return LMConfig.from_dict(values)
-
-
-def config_to_hf(config: LMConfig) -> dict[str, Any]:
-    """A ``config.json`` dict for ``config``.
-
-    Qwen2 when it has q/k/v biases; else Mistral when it has a sliding window (in every
-    layer); else Llama. RoPE is written as ``rope_theta`` + ``rope_scaling``, the layout
-    of released checkpoints, which every ``transformers`` version reads.
-
-    Raises:
-        ValueError: a sliding window in only some layers without q/k/v biases (no
-            supported architecture expresses it), or a GPT-2-style block (LayerNorm, GELU
-            MLP), which the Llama/Qwen2 layouts cannot hold.
-    """
-    if config.norm_type != "rmsnorm" or config.mlp_type != "swiglu":
-        raise ValueError(
-            "Hugging Face export writes Llama/Qwen2 checkpoints (RMSNorm, SwiGLU); this "
-            f"config has norm_type={config.norm_type!r}, mlp_type={config.mlp_type!r}"
-        )
-    if config.qkv_bias:
-        architecture = "Qwen2ForCausalLM"
-    elif config.sliding_window is not None:
-        if config.full_attention_layers:
-            raise ValueError(
-                "a model without q/k/v biases and with full_attention_layers "
-                f"{config.full_attention_layers} has no Hugging Face architecture (Mistral "
-                "slides in every layer)"
-            )
-        architecture = "MistralForCausalLM"
-    else:
-        architecture = "LlamaForCausalLM"
-    hf_config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": _MODEL_TYPES[architecture],
-        "vocab_size": config.vocab_size,
-        "num_hidden_layers": config.num_layers,
-        "hidden_size": config.embed_dim,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "intermediate_size": config.mlp_dim,
-        "max_position_embeddings": config.max_len,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
-        "rms_norm_eps": config.norm_eps,
-        "tie_word_embeddings": config.tie_embeddings,
-        "hidden_act": "silu",
-        "torch_dtype": config.param_dtype,
-    }
-    if architecture == "Qwen2ForCausalLM":
-        sliding = config.sliding_window is not None
-        hf_config.update(use_sliding_window=sliding, sliding_window=config.sliding_window)
-        if sliding:
-            hf_config["layer_types"] = [
-                "full_attention" if config.layer_window(i) is None else "sliding_attention"
-                for i in range(config.num_layers)
-            ]
-            # Older transformers read max_window_layers (the first layers attend fully).
-            full = config.full_attention_layers
-            prefix = full == tuple(range(len(full)))
-            hf_config["max_window_layers"] = len(full) if prefix else 0
-    else:
-        hf_config.update(attention_bias=False, mlp_bias=False)
-        if architecture == "MistralForCausalLM":
-            hf_config["sliding_window"] = config.sliding_window
-    return hf_config
-
-
 # Tensors -----------------------------------------------------------------------------
+
+
+def _layer_norms(config: LMConfig) -> dict[str, str]:
+    """A block's norms: lhc module name -> Hugging Face module name. Gemma's
+    ``post_attention_layernorm`` normalises the attention output; Llama's (and Qwen2's)
+    the MLP input."""
+    if config.post_norms:
+        return {
+            "attention_norm": "input_layernorm",
+            "post_attention_norm": "post_attention_layernorm",
+            "mlp_norm": "pre_feedforward_layernorm",
+            "post_mlp_norm": "post_feedforward_layernorm",
+        }
+    return {"attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+
+
+def text_tensor_names(names) -> dict[str, str]:
+    """Hugging Face name -> the name in a text-only model, of the language model's tensors
+    of a ``Gemma3ForConditionalGeneration`` checkpoint (released: ``language_model.model.*``;
+    saved by transformers 5: ``model.language_model.*``); the vision tower's and the
+    projector's are left out."""
+    renames = (
+        ("language_model.model.", "model."),
+        ("model.language_model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+    )
+    out = {}
+    for name in names:
+        for old, new in renames:
+            if name.startswith(old):
+                out[name] = new + name[len(old) :]
+        if name.startswith("lm_head."):
+            out[name] = name
+    return out
 
 
 def _expected_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
@@ -246,9 +107,13 @@ def _expected_shapes(config: LMConfig) -> dict[str, tuple[int, ...]]:
     for layer in range(config.num_layers):
         prefix = f"model.layers.{layer}."
         shapes.update(
+            {prefix + f"{theirs}.weight": (d,) for theirs in _layer_norms(config).values()}
+        )
+        if config.qk_norm:
+            shapes[prefix + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[prefix + "self_attn.k_norm.weight"] = (config.head_dim,)
+        shapes.update(
             {
-                prefix + "input_layernorm.weight": (d,),
-                prefix + "post_attention_layernorm.weight": (d,),
                 prefix + "self_attn.q_proj.weight": (qh, d),
                 prefix + "self_attn.k_proj.weight": (kvh, d),
                 prefix + "self_attn.v_proj.weight": (kvh, d),
@@ -349,10 +214,16 @@ def params_from_hf(config: LMConfig, tensors: Mapping[str, np.ndarray]) -> dict[
                 attention[ours]["bias"] = get(prefix + f"self_attn.{theirs}_proj.bias").reshape(
                     heads, h
                 )
+        if config.qk_norm:
+            attention["query_norm"] = {"scale": get(prefix + "self_attn.q_norm.weight")}
+            attention["key_norm"] = {"scale": get(prefix + "self_attn.k_norm.weight")}
+        norms = {
+            ours: {"scale": get(prefix + f"{theirs}.weight")}
+            for ours, theirs in _layer_norms(config).items()
+        }
         params[f"layers_{layer}"] = {
-            "attention_norm": {"scale": get(prefix + "input_layernorm.weight")},
+            **norms,
             "attention": attention,
-            "mlp_norm": {"scale": get(prefix + "post_attention_layernorm.weight")},
             "mlp": {
                 "gate": {"kernel": linear(prefix + "mlp.gate_proj.weight", (d,), (f,))},
                 "up": {"kernel": linear(prefix + "mlp.up_proj.weight", (d,), (f,))},
@@ -390,8 +261,11 @@ def params_to_hf(config: LMConfig, params: Mapping[str, Any]) -> dict[str, np.nd
         tensors[prefix + "self_attn.o_proj.weight"] = _to_linear(
             attention["out"]["kernel"], 2, layout
         )
-        tensors[prefix + "input_layernorm.weight"] = as_np(p["attention_norm"]["scale"])
-        tensors[prefix + "post_attention_layernorm.weight"] = as_np(p["mlp_norm"]["scale"])
+        for ours, theirs in _layer_norms(config).items():
+            tensors[prefix + f"{theirs}.weight"] = as_np(p[ours]["scale"])
+        if config.qk_norm:
+            tensors[prefix + "self_attn.q_norm.weight"] = as_np(attention["query_norm"]["scale"])
+            tensors[prefix + "self_attn.k_norm.weight"] = as_np(attention["key_norm"]["scale"])
         for name in ("gate", "up", "down"):
             tensors[prefix + f"mlp.{name}_proj.weight"] = _to_linear(
                 p["mlp"][name]["kernel"], 1, layout
@@ -445,14 +319,18 @@ def _checkpoint_files(path: str) -> list[str]:
     )
 
 
-def _read_tensors(files: list[str]) -> dict[str, np.ndarray]:
+def _read_tensors(files: list[str], rename=None) -> dict[str, np.ndarray]:
+    """The tensors of ``files``; with ``rename`` (names -> {kept name: new name}) only
+    those it keeps, under their new names (the others are never read)."""
     tensors: dict[str, np.ndarray] = {}
     for file in files:
         with safetensors.safe_open(file, framework="numpy") as f:
-            for name in f.keys():
-                if name in tensors:
+            names = list(f.keys())
+            kept = {name: name for name in names} if rename is None else rename(names)
+            for name, new_name in kept.items():
+                if new_name in tensors:
                     raise ValueError(f"tensor {name!r} appears in more than one file ({file})")
-                tensors[name] = f.get_tensor(name)
+                tensors[new_name] = f.get_tensor(name)
     return tensors
 
 
@@ -491,7 +369,10 @@ def load(
         raise FileNotFoundError(f"no config.json in {path}")
     with open(config_path) as f:
         hf_config = json.load(f)
-    tensors = _read_tensors(_checkpoint_files(path))
+    rename = None
+    if "Gemma3ForConditionalGeneration" in (hf_config.get("architectures") or []):
+        rename = text_tensor_names  # the language model only
+    tensors = _read_tensors(_checkpoint_files(path), rename)
     return from_hf(hf_config, tensors, dtype, mesh=mesh, rules=rules, **overrides)
 
 
@@ -515,7 +396,7 @@ def from_hf(
     )
     params = params_from_hf(config, tensors)
     if config.scan_layers:
-        params = stack_layer_params(params, config.num_layers)  # numpy: on the host
+        params = stack_layer_params(params, config.num_layers, config.layer_period)  # on the host
     shardings = None
     if mesh is not None:
         shardings = param_shardings(config, mesh, LOGICAL_AXIS_RULES if rules is None else rules)

@@ -1,4 +1,5 @@
-"""The decoder-only Transformer (Llama / Qwen2 / Mistral layout) and its causal-LM protocol.
+"""The decoder-only Transformer (Llama / Qwen2 / Mistral / Gemma 3 layouts) and its
+causal-LM protocol.
 
 ``logits, cache = model.apply({"params": params}, tokens, positions, cache)``:
 
@@ -33,9 +34,15 @@ Parameter tree (``scan_layers=False``)::
     final_norm/scale                        [D]
     lm_head/kernel                          [D, V]  (untied only)
 
+Gemma 3 (``qk_norm``, ``post_norms``) adds ``layers_{i}/attention/{query,key}_norm/scale``
+``[H]`` and ``layers_{i}/{post_attention,post_mlp}_norm/scale`` ``[D]``.
+
 With ``scan_layers=True`` the ``layers_{i}`` subtrees become one ``layers`` subtree whose
-leaves have a leading ``[L]`` axis; ``stack_layer_params`` / ``unstack_layer_params``
-convert between the two.
+leaves have a leading ``[L]`` axis; a model whose layers' windows differ (Gemma 3's five
+local layers to one global) is scanned in groups of one period ``P``
+(``config.layer_period``): ``layers/block_{j}`` with a leading ``[L // P]`` axis (layer
+``g P + j`` at ``g``), the last ``L % P`` layers kept as ``layers_{i}``.
+``stack_layer_params`` / ``unstack_layer_params`` convert between the layouts.
 """
 
 from __future__ import annotations
@@ -57,11 +64,12 @@ from lhc.lm.cache import (
     is_concrete,
 )
 from lhc.lm.config import LMConfig
+from lhc.lm.hybrid_cache import HybridKVCache, check_hybrid_cache, init_hybrid_cache
 from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.config import register_model
 from lhc.nn.intervention import Intervention, apply_edit
 from lhc.nn.linear import Embed, output_logits
-from lhc.nn.mlp import GeluMLP, SwiGLU
+from lhc.nn.mlp import GeGLU, GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import remat_policy
 
@@ -73,7 +81,13 @@ def norm_layer(config: LMConfig, name: str) -> nn.Module:
     dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
     if config.norm_type == "layernorm":
         return LayerNorm(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
-    return RMSNorm(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, name=name)
+    return RMSNorm(
+        epsilon=config.norm_eps,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scale_offset=config.norm_scale_offset,
+        name=name,
+    )
 
 
 def residual_dropout(module: nn.Module, config: LMConfig, x: jax.Array) -> jax.Array:
@@ -138,26 +152,37 @@ class Block(nn.Module):
         self.sow("intermediates", "layer_input", x)
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         norm = functools.partial(norm_layer, cfg)
-        cache = None if writer is None else LayerCache(writer=writer, layers=layers, layer=layer)
+        cache, part = None, None
+        if writer is not None:
+            part_writer, part, index = _layer_part(writer, layer, self.window)
+            storage = layers if part is None else layers[part]
+            cache = LayerCache(writer=part_writer, layers=storage, layer=index)
+        local_rope = cfg.local_rope_theta is not None and self.window is not None
         attended, cache = Attention(
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
-            rope_theta=cfg.rope_theta,
-            rope_scaling=cfg.rope_scaling,
+            rope_theta=cfg.local_rope_theta if local_rope else cfg.rope_theta,
+            rope_scaling=None if local_rope else cfg.rope_scaling,
             qkv_bias=cfg.qkv_bias,
             attention_impl=cfg.attention_impl,
             window=self.window,
             dtype=dtype,
             param_dtype=param_dtype,
             kernel_layout=cfg.kernel_layout,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
+            norm_scale_offset=cfg.norm_scale_offset,
+            query_scale=cfg.query_scale,
             name="attention",
         )(norm(name="attention_norm")(x), positions, cache, probe)
+        if cfg.post_norms:
+            attended = norm(name="post_attention_norm")(attended)
         edits = intervention if intervention is not None else Intervention()
         attended = apply_edit(edits.attention, residual_dropout(self, cfg, attended))
         self.sow("intermediates", "attention_out", attended)
         x = nn.with_logical_constraint(x + attended, _RESIDUAL_AXES)
-        mlp_class = GeluMLP if cfg.mlp_type == "gelu" else SwiGLU
+        mlp_class = {"gelu": GeluMLP, "geglu": GeGLU}.get(cfg.mlp_type, SwiGLU)
         mlp_out = mlp_class(
             cfg.mlp_dim,
             dtype=dtype,
@@ -165,13 +190,57 @@ class Block(nn.Module):
             kernel_layout=cfg.kernel_layout,
             name="mlp",
         )(norm(name="mlp_norm")(x))
+        if cfg.post_norms:
+            mlp_out = norm(name="post_mlp_norm")(mlp_out)
         mlp_out = residual_dropout(self, cfg, mlp_out)
         x = nn.with_logical_constraint(x + mlp_out, _RESIDUAL_AXES)
         x = apply_edit(edits.residual, x)
         # Residual stream after each block, for probing and task vectors:
         # model.apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "residual", x)
-        return (x, None if cache is None else cache.layers), None
+        if cache is not None:
+            layers = cache.layers if part is None else _replace_part(layers, part, cache.layers)
+        return (x, layers), None
+
+
+def _layer_part(writer, layer, window):
+    """``(writer, part, index)`` that serve ``layer``: a cache that keeps the layers of
+    each window apart (``HybridKVCache``) names the part of its storage and the layer's
+    index there; any other serves every layer itself (``part`` None)."""
+    if hasattr(writer, "part"):
+        return writer.part(layer, window)
+    return writer, None, layer
+
+
+def _replace_part(layers, part, storage):
+    return tuple(storage if i == part else old for i, old in enumerate(layers))
+
+
+class BlockGroup(nn.Module):
+    """One period of the layer pattern (Gemma 3: five local blocks and a global one),
+    the unit that ``nn.scan`` repeats over a model whose layers' windows differ.
+
+    Attributes:
+        config: the model's config.
+        windows: the window of each block of the group.
+    """
+
+    config: LMConfig
+    windows: tuple[int | None, ...]
+
+    @nn.compact
+    def __call__(self, carry, positions, writer, probe, intervention, group):
+        """``Block.__call__``'s, for the group's blocks in order; ``group`` is the
+        group's index, so its block ``j`` is layer ``group * P + j``."""
+        block_class = _block_class(self.config)
+        period = len(self.windows)
+        for j, window in enumerate(self.windows):
+            layer = group * period + j
+            edits = None if intervention is None else intervention.layer(layer)
+            carry, _ = block_class(self.config, window=window, name=f"block_{j}")(
+                carry, positions, writer, probe, edits, layer
+            )
+        return carry, None
 
 
 def _block_class(config: LMConfig):
@@ -213,6 +282,8 @@ def _check_cache(config: LMConfig, cache, batch_size: int, length: int) -> None:
                 f"cache keys/values must be [L, B, K, S, H] with L={config.num_layers}, "
                 f"(K, H)={expected}; got {cache.shape}"
             )
+    if isinstance(cache, HybridKVCache):
+        check_hybrid_cache(cache, config)
     if isinstance(cache, SlidingWindowKVCache):
         if config.sliding_window is None or config.full_attention_layers:
             raise ValueError(
@@ -340,20 +411,25 @@ class Transformer(nn.Module):
     def init_cache(self, batch_size: int, max_len: int) -> Cache:
         """An empty cache for up to ``max_len`` tokens per sequence (works unbound).
 
-        A model whose layers all attend within a sliding window gets a
-        ``SlidingWindowKVCache`` of ``window + RING_HEADROOM`` slots when that is smaller
-        than ``max_len``; otherwise a ``KVCache`` of ``max_len`` slots.
+        Where ``window + RING_HEADROOM`` slots are fewer than ``max_len``, a model whose
+        layers all attend within a sliding window gets a ``SlidingWindowKVCache`` of that
+        many, and a model that mixes windowed and full layers (Gemma 3) a
+        ``HybridKVCache``: rings in the windowed layers, ``max_len`` slots in the others.
+        Otherwise a ``KVCache`` of ``max_len`` slots.
         """
         cfg = self.config
         window = cfg.sliding_window
-        if window is not None and not cfg.full_attention_layers:
+        if window is not None:
             if not 0 < max_len <= cfg.max_len:
                 raise ValueError(
                     f"init_cache: max_len must be in [1, config.max_len={cfg.max_len}], "
                     f"got {max_len}"
                 )
-            if max_len > window + RING_HEADROOM:
-                return init_sliding_window_cache(cfg, batch_size, window, window + RING_HEADROOM)
+            ring = window + RING_HEADROOM
+            if max_len > ring and cfg.full_attention_layers:
+                return init_hybrid_cache(cfg, batch_size, max_len, ring)
+            if max_len > ring:
+                return init_sliding_window_cache(cfg, batch_size, window, ring)
         return init_cache(cfg, batch_size, max_len)
 
     @nn.compact
@@ -431,6 +507,8 @@ class Transformer(nn.Module):
         )
         if tokens is not None:
             x = embed.encode(tokens.astype(jnp.int32))
+            if cfg.embed_scale:
+                x = x * jnp.asarray(cfg.embed_dim**0.5, x.dtype)
         if embeddings is not None:
             given = embeddings.astype(dtype)
             x = given if tokens is None else jnp.where(embedding_mask[..., None], given, x)
@@ -438,7 +516,7 @@ class Transformer(nn.Module):
 
         writer, layers = (None, None) if cache is None else cache.begin_update(positions)
         block_class = _block_class(cfg)
-        if cfg.scan_layers:
+        if cfg.scan_layers and cfg.layer_period == 1:
             (x, layers), _ = nn.scan(
                 block_class,
                 variable_axes={"params": 0, "intermediates": 0},
@@ -454,6 +532,29 @@ class Transformer(nn.Module):
                 intervention,
                 jnp.arange(cfg.num_layers, dtype=jnp.int32),
             )
+        elif cfg.scan_layers:
+            # Groups of one period scanned (one compiled group), the rest in a loop.
+            period = cfg.layer_period
+            groups = cfg.num_layers // period
+            (x, layers), _ = nn.scan(
+                BlockGroup,
+                variable_axes={"params": 0, "intermediates": 0},
+                split_rngs={"params": True, "train": True},
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                length=groups,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )(cfg, tuple(cfg.layer_window(j) for j in range(period)), name="layers")(
+                (x, layers),
+                positions,
+                writer,
+                probe,
+                intervention,
+                jnp.arange(groups, dtype=jnp.int32),
+            )
+            for layer in range(groups * period, cfg.num_layers):
+                block = block_class(cfg, window=cfg.layer_window(layer), name=f"layers_{layer}")
+                edits = None if intervention is None else intervention.layer(layer)
+                (x, layers), _ = block((x, layers), positions, writer, probe, edits, layer)
         else:
             # A traced start_layer: every layer is compiled, those below it are skipped
             # at run time (one program serves every start).

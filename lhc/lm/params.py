@@ -16,10 +16,14 @@ from lhc.lm.model import Transformer
 from lhc.nn.linear import KERNEL_LAYOUTS
 
 
-def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """Converts ``layers_{i}`` subtrees (``scan_layers=False``) into one stacked ``layers``.
+def stack_layer_params(params: dict[str, Any], num_layers: int, period: int = 1) -> dict[str, Any]:
+    """Converts ``layers_{i}`` subtrees (``scan_layers=False``) into the scanned layout.
 
-    numpy leaves stay on the host (``np.stack``); jax arrays are stacked by jax.
+    With ``period`` 1 (every layer alike) one stacked ``layers`` subtree with a leading
+    ``[L]`` axis; with a longer period ``P`` (``LMConfig.layer_period``) ``layers`` holds
+    ``block_{j}`` subtrees with a leading ``[L // P]`` axis (layer ``g P + j`` at ``g``)
+    and the last ``L % P`` layers stay ``layers_{i}``. numpy leaves stay on the host
+    (``np.stack``); jax arrays are stacked by jax.
 
     Raises:
         ValueError: a ``layers_{i}`` subtree is missing.
@@ -38,19 +42,34 @@ def stack_layer_params(params: dict[str, Any], num_layers: int) -> dict[str, Any
         on_host = all(isinstance(leaf, np.ndarray) for leaf in leaves)
         return np.stack(leaves) if on_host else jnp.stack(leaves)
 
-    params["layers"] = jax.tree.map(stack, *per_layer)
+    if period == 1:
+        params["layers"] = jax.tree.map(stack, *per_layer)
+        return params
+    groups = num_layers // period
+    params["layers"] = {
+        f"block_{j}": jax.tree.map(stack, *per_layer[j : groups * period : period])
+        for j in range(period)
+    }
+    for layer in range(groups * period, num_layers):
+        params[f"layers_{layer}"] = per_layer[layer]
     return params
 
 
 def unstack_layer_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Converts a stacked ``layers`` subtree (``scan_layers=True``) into ``layers_{i}``."""
+    """Converts a scanned ``layers`` subtree (``scan_layers=True``, either layout of
+    ``stack_layer_params``) into ``layers_{i}``."""
     params = dict(params)
     if "layers" not in params:
         raise ValueError("params have no stacked 'layers' subtree")
     stacked = params.pop("layers")
-    num_layers = jax.tree.leaves(stacked)[0].shape[0]
-    for layer in range(num_layers):
-        params[f"layers_{layer}"] = jax.tree.map(lambda x, i=layer: x[i], stacked)
+    if "block_0" not in stacked:
+        stacked = {"block_0": stacked}
+    period = len(stacked)
+    groups = jax.tree.leaves(stacked["block_0"])[0].shape[0]
+    for j in range(period):
+        for group in range(groups):
+            layer = group * period + j
+            params[f"layers_{layer}"] = jax.tree.map(lambda x, g=group: x[g], stacked[f"block_{j}"])
     return params
 
 
@@ -72,7 +91,6 @@ def convert_kernel_layout(params: dict[str, Any], config: LMConfig, layout: str)
         raise ValueError(f"layout must be one of {KERNEL_LAYOUTS}, got {layout!r}")
     if layout == config.kernel_layout:
         return params
-    stacked = 1 if "layers" in params else 0
 
     def convert(path, leaf):
         names = [getattr(key, "key", None) for key in path]
@@ -80,7 +98,7 @@ def convert_kernel_layout(params: dict[str, Any], config: LMConfig, layout: str)
             return leaf
         module = names[-2]
         num_in = 1 if module == "lm_head" else _KERNEL_INPUT_AXES[module]
-        lead = stacked if module != "lm_head" else 0
+        lead = 1 if names[0] == "layers" else 0  # scanned layers lead with [L] or [G]
         rank = leaf.ndim - lead
         axes = list(range(lead))
         if layout == "out_in":  # inputs to the end

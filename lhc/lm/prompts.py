@@ -190,6 +190,18 @@ def prompt_layout(tokens, lengths, cache, cache_len, max_len, max_new_tokens, pa
     bucketed = bucket_length(width)
     if room is not None:
         bucketed = max(width, min(bucketed, room - max_new_tokens + 1))
+    padding_room = getattr(cache, "padding_room", None)
+    held = None if cache is None else np.asarray(cache.lengths) > 0
+    if padding_room is not None and held.any():
+        # A ring keeps the last slots, padding included: more padding between a
+        # sequence's tokens than its spare slots would push out keys the window needs.
+        padding = width - int(np.min(lengths[held]))
+        if padding > padding_room:
+            raise ValueError(
+                f"prompts continuing a sliding-window cache may differ in length by at most "
+                f"its {padding_room} spare slots; got lengths {lengths.tolist()}"
+            )
+        bucketed = min(bucketed, width + padding_room - padding)
     if bucketed > width:
         padding = np.full((batch_size, bucketed - width), pad_id, np.int32)
         tokens = np.concatenate([padding, tokens], axis=1)

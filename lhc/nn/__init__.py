@@ -20,7 +20,7 @@ from lhc.nn.attention_ops import (
 )
 from lhc.nn.intervention import Edit, Intervention
 from lhc.nn.linear import Einsum, Embed, dense, output_logits
-from lhc.nn.mlp import GeluMLP, SwiGLU
+from lhc.nn.mlp import GeGLU, GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import REMAT_POLICIES, remat_policy
 from lhc.nn.rope import ROPE_TYPES, apply_rope, rope_frequencies, validate_rope_scaling
@@ -30,6 +30,7 @@ __all__ = [
     "Attention",
     "Einsum",
     "Embed",
+    "GeGLU",
     "GeluMLP",
     "LayerNorm",
     "RMSNorm",

@@ -15,6 +15,7 @@ with ``write_slots`` and order their in-place writes after the reads with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ from lhc.nn.attention_ops import (
     segment_weights,
 )
 from lhc.nn.linear import Einsum
+from lhc.nn.norms import RMSNorm
 from lhc.nn.rope import apply_rope, rope_frequencies
 
 
@@ -277,6 +279,11 @@ class Attention(nn.Module):
         banded: without a cache, compute the windowed attention block-banded
             (``banded_self_attention``); needs a ``window`` and inputs whose real tokens
             have contiguous positions in slot order.
+        qk_norm: RMS-normalise each head's query and key (a learned ``[H]`` scale each,
+            ``query_norm`` / ``key_norm``) before the rotation (Gemma 3).
+        norm_eps, norm_scale_offset: those norms' epsilon and scale offset (``RMSNorm``).
+        query_scale: the scores' scale, ``H ** -0.5`` when ``None`` (Gemma 3:
+            ``query_pre_attn_scalar ** -0.5``).
     """
 
     num_heads: int
@@ -292,6 +299,10 @@ class Attention(nn.Module):
     kernel_layout: str = "in_out"
     position_encoding: str = "rope"
     banded: bool = False
+    qk_norm: bool = False
+    norm_eps: float = 1e-6
+    norm_scale_offset: float = 0.0
+    query_scale: float | None = None
 
     @nn.compact
     def __call__(
@@ -336,6 +347,18 @@ class Attention(nn.Module):
         query = checkpoint_name(query, remat.QUERY_PROJ)
         key = checkpoint_name(key, remat.KEY_PROJ)
         value = checkpoint_name(value, remat.VALUE_PROJ)
+        if self.qk_norm:
+            norm = functools.partial(
+                RMSNorm,
+                epsilon=self.norm_eps,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                scale_offset=self.norm_scale_offset,
+            )
+            query, key = norm(name="query_norm")(query), norm(name="key_norm")(key)
+        if self.query_scale is not None and self.query_scale != head_dim**-0.5:
+            # Every attention path scales the scores by H ** -0.5.
+            query = query * jnp.asarray(self.query_scale * head_dim**0.5, query.dtype)
 
         settings = dict(impl=self.attention_impl, window=self.window, dtype=self.dtype)
         if self.position_encoding == "rope":

@@ -57,15 +57,28 @@ class _MLP(nn.Module):
 class SwiGLU(_MLP):
     """Gated MLP ``down(silu(gate(x)) * up(x))`` (Llama, Qwen2); fields as ``_MLP``'s."""
 
+    @nn.nowrap
+    def _activation(self, gate: jax.Array) -> jax.Array:
+        return jax.nn.silu(gate)
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps ``x`` ``[B, T, D]`` to ``[B, T, D]``."""
         gate = checkpoint_name(self._up(x, "gate"), remat.MLP_GATE)
         up = checkpoint_name(self._up(x, "up"), remat.MLP_UP)
         hidden = nn.with_logical_constraint(
-            jax.nn.silu(gate) * up, ("act_batch", "act_len", "act_mlp")
+            self._activation(gate) * up, ("act_batch", "act_len", "act_mlp")
         )
         return self._down(hidden, x.shape[-1])
+
+
+class GeGLU(SwiGLU):
+    """Gated MLP ``down(gelu_tanh(gate(x)) * up(x))`` with the tanh-approximate GELU
+    (Gemma); fields as ``_MLP``'s."""
+
+    @nn.nowrap
+    def _activation(self, gate: jax.Array) -> jax.Array:
+        return jax.nn.gelu(gate, approximate=True)
 
 
 class GeluMLP(_MLP):

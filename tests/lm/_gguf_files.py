@@ -134,15 +134,28 @@ def _random_k_quant(rows, cols, qtype, rng):
     return data.reshape(rows, cols // 256 * size)
 
 
-def _random_weights(arch, vocab_size, rng, tie):
-    """Hugging Face-named float32 weights at O(1) scale (norms near 1)."""
+GEMMA3_LAYERS, GEMMA3_WINDOW = 7, 8  # one period of six (five local, one global) and one
+
+
+def _random_weights(arch, vocab_size, rng, tie, num_layers):
+    """Hugging Face-named float32 weights at O(1) scale (norms near 1; Gemma's, stored as
+    the scale minus one, near 0)."""
     d, f = DIMS["embed"], DIMS["mlp"]
     q, kv = DIMS["heads"] * DIMS["head_dim"], DIMS["kv_heads"] * DIMS["head_dim"]
     shapes = {"model.embed_tokens.weight": (vocab_size, d), "model.norm.weight": (d,)}
     if not tie:
         shapes["lm_head.weight"] = (vocab_size, d)
-    for i in range(DIMS["layers"]):
+    for i in range(num_layers):
         p = f"model.layers.{i}."
+        if arch == "gemma3":
+            shapes.update(
+                {
+                    p + "pre_feedforward_layernorm.weight": (d,),
+                    p + "post_feedforward_layernorm.weight": (d,),
+                    p + "self_attn.q_norm.weight": (DIMS["head_dim"],),
+                    p + "self_attn.k_norm.weight": (DIMS["head_dim"],),
+                }
+            )
         shapes.update(
             {
                 p + "input_layernorm.weight": (d,),
@@ -164,9 +177,10 @@ def _random_weights(arch, vocab_size, rng, tie):
                     p + "self_attn.v_proj.bias": (kv,),
                 }
             )
+    norm_mean = 0.0 if arch == "gemma3" else 1.0
     return {
         name: (
-            1 + 0.2 * rng.standard_normal(shape)
+            norm_mean + 0.2 * rng.standard_normal(shape)
             if name.endswith("norm.weight")
             else 0.35 * rng.standard_normal(shape)
         ).astype(np.float32)
@@ -189,7 +203,8 @@ def write_gguf(
     eot=None,
     context=None,
 ):
-    """Writes a 2-layer model with ``vocab``'s tokenizer as llama.cpp's converter would.
+    """Writes a 2-layer model (``GEMMA3_LAYERS`` for ``"gemma3"``) with ``vocab``'s
+    tokenizer as llama.cpp's converter would.
 
     Args:
         types: ggml type by tensor kind (``LLAMA_TYPES``); F32 for the rest.
@@ -199,9 +214,10 @@ def write_gguf(
     """
     rng = np.random.default_rng(seed)
     types = types or {}
+    num_layers = GEMMA3_LAYERS if arch == "gemma3" else DIMS["layers"]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
-    writer.add_block_count(DIMS["layers"])
+    writer.add_block_count(num_layers)
     writer.add_context_length(context or DIMS["context"])
     writer.add_embedding_length(DIMS["embed"])
     writer.add_feed_forward_length(DIMS["mlp"])
@@ -216,6 +232,8 @@ def write_gguf(
     else:  # head_dim given in the Hugging Face config
         writer.add_key_length(DIMS["head_dim"])
         writer.add_value_length(DIMS["head_dim"])
+    if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
+        writer.add_sliding_window(GEMMA3_WINDOW)
     if rope is not None and rope[0] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope[1])
@@ -237,18 +255,19 @@ def write_gguf(
         writer.add_eos_token_id(2)
         writer.add_unk_token_id(0)
         writer.add_add_bos_token(True)
-        writer.add_add_space_prefix(True)
+        writer.add_add_space_prefix(arch != "gemma3")
     if eot is not None:
         writer.add_eot_token_id(eot)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    weights = _random_weights(arch, len(tokens), rng, tie)
-    names = gguf.get_tensor_name_map(
-        gguf.MODEL_ARCH.LLAMA if arch == "llama" else gguf.MODEL_ARCH.QWEN2, DIMS["layers"]
-    )
+    weights = _random_weights(arch, len(tokens), rng, tie, num_layers)
+    model_arch = {"llama": "LLAMA", "qwen2": "QWEN2", "gemma3": "GEMMA3"}.get(arch, "LLAMA")
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, model_arch), num_layers)
     for hf_name, weight in weights.items():
         base, suffix = hf_name.rsplit(".", 1)
         name = f"{names.get_name(base)}.{suffix}"
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            weight = weight + 1  # Gemma3Model.modify_tensors
         if arch == "llama" and name.endswith("attn_q.weight"):
             weight = _permute(weight, DIMS["heads"])
         if arch == "llama" and name.endswith("attn_k.weight"):

@@ -144,8 +144,12 @@ def test_sliding_window_config_validation():
         lm.LMConfig.tiny(sliding_window=4, full_attention_layers=(2,))
     with pytest.raises(ValueError, match="needs a sliding_window"):
         lm.LMConfig.tiny(full_attention_layers=(0,))
-    with pytest.raises(ValueError, match="mixes windows"):
-        lm.LMConfig.tiny(sliding_window=4, full_attention_layers=(0,), scan_layers=True)
+    # Mixed windows scan in groups of their period (here the two layers themselves).
+    mixed = lm.LMConfig.tiny(sliding_window=4, full_attention_layers=(0,), scan_layers=True)
+    assert mixed.layer_period == 2
+    assert lm.LMConfig.tiny(num_layers=6, sliding_window=4).layer_period == 1
+    periodic = lm.LMConfig.tiny(num_layers=8, sliding_window=4, full_attention_layers=(2, 5))
+    assert periodic.layer_period == 3  # and the last two layers outside the groups
     config = lm.LMConfig.tiny(sliding_window=4, full_attention_layers=[1])
     assert config.layer_window(0) == 4 and config.layer_window(1) is None
     assert lm.LMConfig.from_dict(config.to_dict()) == config
