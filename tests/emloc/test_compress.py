@@ -273,3 +273,36 @@ def test_packed_sequences_read_the_memory_as_if_each_had_a_row_of_its_own(params
             jnp.asarray(positions[None], jnp.int32),
             memory.with_tail(CONFIG, tokens.size).packed(segments[None, :3]),
         )
+
+
+def test_the_memory_serves_a_model_of_local_and_global_layers():
+    """Gemma 3's block with a window in one of two layers: a memory that keeps every
+    token (each layer's with its positions, so the window still masks them) answers as
+    the whole context does."""
+    config = lm.LMConfig.tiny(
+        num_layers=2,
+        max_len=128,
+        sliding_window=6,
+        full_attention_layers=(1,),
+        local_rope_theta=1e4,
+        qk_norm=True,
+        post_norms=True,
+        norm_scale_offset=1.0,
+        embed_scale=True,
+        mlp_type="geglu",
+    )
+    model = lm.Transformer(config)
+    gemma_params = lm.random_params(config, 0)
+    examples = _examples(3, seed=1)
+    memory = emloc.baselines.uniform_memory(model, gemma_params, examples, keep=1.0)
+    context = sum(len(e) for e in examples)
+    query = np.array([5, 17, 33, 9], np.int32)
+    tokens = np.concatenate([*(e.tokens for e in examples), query])
+    full, _ = model.apply(
+        {"params": gemma_params}, jnp.asarray(tokens[None]), jnp.arange(tokens.size)[None]
+    )
+    positions = jnp.arange(context, context + 4, dtype=jnp.int32)[None]
+    on_memory, _ = model.apply(
+        {"params": gemma_params}, jnp.asarray(query[None]), positions, memory.with_tail(config, 8)
+    )
+    np.testing.assert_allclose(on_memory, full[:, -4:], atol=1e-4)

@@ -154,3 +154,105 @@ def test_the_checkpoint_help_names_every_model():
     from lhc.bench import CHECKPOINT_HELP
 
     assert [name for name in pretrained_lib.MODELS if name not in CHECKPOINT_HELP] == []
+
+
+def _transformers_from_gguf(path, monkeypatch):
+    """transformers' tokenizer and model of a GGUF file (float32), its GGUF reader made
+    once for both (transformers opens the file for each, and a 262,144-token vocabulary
+    takes it about 13 s to parse)."""
+    import gguf
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    reader = gguf.GGUFReader(path)
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args, **kwargs: reader)
+    directory, name = os.path.split(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=name, dtype=torch.float32
+    ).eval()
+    return tokenizer, model
+
+
+def _generated_text(num_sentences: int) -> str:
+    import numpy as np
+
+    from lhc.data.topics import TOPICS, TopicTask
+
+    texts, _ = TopicTask(topics=tuple(TOPICS), labels="names").sample(
+        np.random.default_rng(0), num_sentences
+    )
+    return " ".join(texts)
+
+
+def _greedy_from_cache(torch, model, prompt, steps):
+    """transformers' greedy tokens after ``prompt``, from the cache of one forward pass;
+    also returns that pass's logits."""
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        logits, cache = out.logits.numpy(), out.past_key_values
+        token, tokens = int(out.logits[0, -1].argmax()), []
+        for _ in range(steps):
+            tokens.append(token)
+            step = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache, token = step.past_key_values, int(step.logits[0, -1].argmax())
+    return logits, tokens
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+def test_gemma3_270m_matches_transformers(monkeypatch):
+    """Gemma 3 270M (base; fetched once into the cache) against transformers on the same
+    file: the tokenizer, logits over 1,536 tokens of generated English (three global
+    layers and fifteen local ones of window 512), and 32 greedy tokens."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    path = os.fspath(lm.pretrained("gemma3-270m"))
+    ckpt = lm.load_checkpoint(path, dtype="float32")
+    assert ckpt.config.layer_period == 6 and ckpt.config.full_attention_layers == (5, 11, 17)
+    assert ckpt.tokenizer.chat_template is None and ckpt.stop_tokens == (1,)
+    reference_tokenizer, reference = _transformers_from_gguf(path, monkeypatch)
+    text = _generated_text(240)
+    tokens = ckpt.tokenizer.encode(text)
+    assert tokens == reference_tokenizer.encode(text, add_special_tokens=False)
+    prompt = [ckpt.tokenizer.bos_id, *tokens[:1535]]
+    assert len(tokens) >= 1535
+    want, greedy = _greedy_from_cache(torch, reference, prompt, 32)
+    positions = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    logits, _ = ckpt.model.apply({"params": ckpt.params}, jnp.asarray([prompt]), positions)
+    np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
+    out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
+    assert np.asarray(out.tokens)[0].tolist() == greedy
+
+
+@pytest.mark.slow
+@pytest.mark.parity
+def test_qwen25_coder_05b_instruct_matches_transformers(monkeypatch):
+    """Qwen2.5-Coder-0.5B-Instruct (fetched once into the cache) against transformers on
+    the same file: the chat template, logits of a chat prompt and 32 greedy tokens of the
+    answer."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    path = os.fspath(lm.pretrained("qwen2.5-coder-0.5b-instruct"))
+    ckpt = lm.load_checkpoint(path, dtype="float32")
+    assert ckpt.config.max_len == 32768 and ckpt.config.num_layers == 24
+    reference_tokenizer, reference = _transformers_from_gguf(path, monkeypatch)
+    messages = [{"role": "user", "content": "What is the capital of France? One sentence."}]
+    text = ckpt.tokenizer.apply_chat_template(messages)
+    assert text == reference_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    prompt = ckpt.tokenizer.encode(text)
+    assert prompt == reference_tokenizer.encode(text, add_special_tokens=False)
+    want, greedy = _greedy_from_cache(torch, reference, prompt, 32)
+    positions = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    logits, _ = ckpt.model.apply({"params": ckpt.params}, jnp.asarray([prompt]), positions)
+    np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
+    out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
+    assert np.asarray(out.tokens)[0].tolist() == greedy
+    assert "Paris" in ckpt.tokenizer.decode(greedy)

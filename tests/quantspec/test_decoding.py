@@ -158,3 +158,10 @@ def test_bad_input_is_a_clear_error():
         quantspec.speculative_generate(
             model, params, [[1, 2]], max_new_tokens=4, group_size=8, draft_kv_bits=2
         )
+    # Gemma 3's local layers attend within a window, which the quantized store does not
+    # serve: the model is refused before anything is compiled.
+    gemma = lm.Transformer(
+        model.config.replace(sliding_window=4, full_attention_layers=(0,), local_rope_theta=1e4)
+    )
+    with pytest.raises(ValueError, match="serves full attention; this model has a sliding window"):
+        quantspec.generate(gemma, params, [[1, 2]], max_new_tokens=4, group_size=8)
