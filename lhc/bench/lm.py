@@ -28,6 +28,12 @@ each (lhc compiles there) is reported::
 
     lhc bench lm --checkpoint smollm2-135m-instruct --configs "" --real-config "" \
         --against transformers --batch-sizes 1,8 --scan-layers 1,0
+
+``--prompt-lens`` (with ``--checkpoint``) measures long prompts instead: prefill and decode
+after each length, against transformers in the same run (``lhc.bench.lm_long``)::
+
+    lhc bench lm --checkpoint gemma3-270m --prompt-lens 4096,16384,32768 \
+        --against transformers --new-tokens 32 --repeats 1
 """
 
 from __future__ import annotations
@@ -528,6 +534,14 @@ def _parser():
     )
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--prefill-impl", default="chunked")
+    parser.add_argument(
+        "--prompt-lens",
+        type=bench.int_list,
+        default=None,
+        help="with --checkpoint: prefill and decode after prompts of these lengths "
+        "(lhc.bench.lm_long; against transformers with --against transformers)",
+    )
+    parser.add_argument("--text", default=None, help="for --prompt-lens: a text file")
     return parser
 
 
@@ -542,6 +556,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--hbm-gbps must be positive")
     if not set(args.scan_layers) <= {"0", "1"}:
         parser.error(f"--scan-layers must be 1s and 0s, got {','.join(args.scan_layers)}")
+
+    if args.prompt_lens:
+        if not args.checkpoint:
+            parser.error("--prompt-lens needs --checkpoint")
+        from lhc.bench.lm_long import long_prompt_table, measure_long_prompts
+
+        try:
+            long = measure_long_prompts(
+                args.checkpoint,
+                args.prompt_lens,
+                new_tokens=args.new_tokens,
+                prefill_chunk=args.prefill_chunk,
+                repeats=args.repeats,
+                text=args.text,
+                against=args.against == "transformers",
+                torch_threads=args.torch_threads,
+                bandwidth_bytes=args.bandwidth_mib * 2**20,
+            )
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+        print(long_prompt_table(long))
+        return bench.finish({"long_prompts": long}, args)
 
     measured = []
     source = args.checkpoint or args.workdir

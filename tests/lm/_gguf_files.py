@@ -135,13 +135,16 @@ def _random_k_quant(rows, cols, qtype, rng):
 
 
 GEMMA3_LAYERS, GEMMA3_WINDOW = 7, 8  # one period of six (five local, one global) and one
+# Gemma 3's released sizes (but 27B) have heads of 256: llama.cpp and transformers then
+# agree on the query scale the file leaves out (head_dim ** -0.5 and 256 ** -0.5).
+GEMMA3_HEAD_DIM = 256
 
 
-def _random_weights(arch, vocab_size, rng, tie, num_layers):
+def _random_weights(arch, vocab_size, rng, tie, num_layers, head_dim):
     """Hugging Face-named float32 weights at O(1) scale (norms near 1; Gemma's, stored as
     the scale minus one, near 0)."""
     d, f = DIMS["embed"], DIMS["mlp"]
-    q, kv = DIMS["heads"] * DIMS["head_dim"], DIMS["kv_heads"] * DIMS["head_dim"]
+    q, kv = DIMS["heads"] * head_dim, DIMS["kv_heads"] * head_dim
     shapes = {"model.embed_tokens.weight": (vocab_size, d), "model.norm.weight": (d,)}
     if not tie:
         shapes["lm_head.weight"] = (vocab_size, d)
@@ -152,8 +155,8 @@ def _random_weights(arch, vocab_size, rng, tie, num_layers):
                 {
                     p + "pre_feedforward_layernorm.weight": (d,),
                     p + "post_feedforward_layernorm.weight": (d,),
-                    p + "self_attn.q_norm.weight": (DIMS["head_dim"],),
-                    p + "self_attn.k_norm.weight": (DIMS["head_dim"],),
+                    p + "self_attn.q_norm.weight": (head_dim,),
+                    p + "self_attn.k_norm.weight": (head_dim,),
                 }
             )
         shapes.update(
@@ -215,6 +218,7 @@ def write_gguf(
     rng = np.random.default_rng(seed)
     types = types or {}
     num_layers = GEMMA3_LAYERS if arch == "gemma3" else DIMS["layers"]
+    head_dim = GEMMA3_HEAD_DIM if arch == "gemma3" else DIMS["head_dim"]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
     writer.add_block_count(num_layers)
@@ -230,8 +234,8 @@ def write_gguf(
         writer.add_vocab_size(len(vocab["tokens"]))
         writer.add_rope_dimension_count(DIMS["head_dim"])
     else:  # head_dim given in the Hugging Face config
-        writer.add_key_length(DIMS["head_dim"])
-        writer.add_value_length(DIMS["head_dim"])
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters
         writer.add_sliding_window(GEMMA3_WINDOW)
     if rope is not None and rope[0] == "linear":
@@ -260,7 +264,7 @@ def write_gguf(
         writer.add_eot_token_id(eot)
     writer.add_chat_template(CHAT_TEMPLATE)
 
-    weights = _random_weights(arch, len(tokens), rng, tie, num_layers)
+    weights = _random_weights(arch, len(tokens), rng, tie, num_layers, head_dim)
     model_arch = {"llama": "LLAMA", "qwen2": "QWEN2", "gemma3": "GEMMA3"}.get(arch, "LLAMA")
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, model_arch), num_layers)
     for hf_name, weight in weights.items():

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from lhc import lm
 
-from ._gguf_files import DIMS, GEMMA3_LAYERS, GEMMA3_WINDOW, random_texts, write_gguf
+from ._gguf_files import GEMMA3_LAYERS, GEMMA3_WINDOW, random_texts, write_gguf
 from ._gguf_files import sentencepiece_vocab as _sentencepiece_vocab
 
 LENGTH = 5 * GEMMA3_WINDOW  # five windows
@@ -119,11 +119,6 @@ def test_gguf_files_match_transformers(tmp_path):
         tmp_path, gguf_file="model.gguf"
     ).eval()
     assert type(reference).__name__ == "Gemma3ForCausalLM"
-    # llama.cpp scales scores by head_dim ** -0.5 (query_pre_attn_scalar is not in the
-    # file); transformers' GGUF loader keeps Gemma3TextConfig's default of 256 instead,
-    # the same for every released size but 27B's, not for this file's heads of 16.
-    for layer in reference.model.layers:
-        layer.self_attn.scaling = DIMS["head_dim"] ** -0.5
     tokens = np.random.default_rng(1).integers(0, len(vocab["tokens"]), size=(2, LENGTH))
     with torch.no_grad():
         want = reference(torch.tensor(tokens)).logits.numpy()

@@ -1,0 +1,35 @@
+"""``lhc bench lm --prompt-lens``: long prompts on a checkpoint, against transformers on
+the same file (a tiny random Gemma 3 GGUF whose window the prompts pass)."""
+
+import pytest
+
+from lhc.bench import lm as lm_bench
+
+from ..lm import _gguf_files
+
+
+@pytest.mark.parity
+def test_prompts_prefill_and_decode_as_transformers_does(tmp_path):
+    pytest.importorskip("transformers")
+    vocab = _gguf_files.sentencepiece_vocab()
+    path = _gguf_files.write_gguf(tmp_path / "gemma.gguf", "gemma3", vocab, context=256)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(_gguf_files.random_texts(200, seed=0)))
+    flags = "--prompt-lens 20,150 --new-tokens 6 --repeats 1 --prefill-chunk 16".split()
+    argv = ["--checkpoint", str(path), "--text", str(text), "--against", "transformers"]
+    result = lm_bench.main([*argv, *flags, "--json", str(tmp_path / "out.json")])
+    short, long = result["long_prompts"]["rows"]
+    assert (short["prompt_len"], long["prompt_len"]) == (20, 150)
+    for row in (short, long):
+        assert row["same_tokens"] and len(row["lhc_tokens"]) == 6
+        assert row["lhc_prefill_s"] > 0 and row["transformers_prefill_s"] > 0
+        assert row["decode_ratio"] == pytest.approx(
+            row["lhc_decode_tokens_per_s"] / row["transformers_decode_tokens_per_s"]
+        )
+    # 150 + 6 tokens pass the window of 8 and its 128 spare slots: the local layers keep
+    # rings of 136 slots, the global one (layer 5 of 7) every token.
+    assert (short["cache"], long["cache"]) == ("KVCache", "HybridKVCache")
+    slot_bytes = 2 * _gguf_files.DIMS["kv_heads"] * _gguf_files.GEMMA3_HEAD_DIM * 4
+    assert short["cache_bytes"] == short["full_cache_bytes"] == 7 * 26 * slot_bytes
+    assert long["full_cache_bytes"] == 7 * 156 * slot_bytes
+    assert long["cache_bytes"] == (156 + 6 * 136) * slot_bytes
