@@ -168,6 +168,21 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
     return LMConfig.from_dict(values)
 
 
+def _shapes(config: LMConfig) -> dict[str, Any]:
+    """The config.json keys every architecture shares: sizes, context and RoPE base."""
+    return {
+        "vocab_size": config.vocab_size,
+        "num_hidden_layers": config.num_layers,
+        "hidden_size": config.embed_dim,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.mlp_dim,
+        "max_position_embeddings": config.max_len,
+        "rope_theta": config.rope_theta,
+    }
+
+
 def config_to_hf(config: LMConfig) -> dict[str, Any]:
     """A ``config.json`` dict for ``config``.
 
@@ -219,15 +234,7 @@ def config_to_hf(config: LMConfig) -> dict[str, Any]:
     hf_config: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": _MODEL_TYPES[architecture],
-        "vocab_size": config.vocab_size,
-        "num_hidden_layers": config.num_layers,
-        "hidden_size": config.embed_dim,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "intermediate_size": config.mlp_dim,
-        "max_position_embeddings": config.max_len,
-        "rope_theta": config.rope_theta,
+        **_shapes(config),
         "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
         "rms_norm_eps": config.norm_eps,
         "tie_word_embeddings": config.tie_embeddings,
@@ -345,15 +352,7 @@ def _gemma3_config_to_hf(config: LMConfig) -> dict[str, Any]:
     hf_config: dict[str, Any] = {
         "architectures": ["Gemma3ForCausalLM"],
         "model_type": "gemma3_text",
-        "vocab_size": config.vocab_size,
-        "num_hidden_layers": config.num_layers,
-        "hidden_size": config.embed_dim,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "intermediate_size": config.mlp_dim,
-        "max_position_embeddings": config.max_len,
-        "rope_theta": config.rope_theta,
+        **_shapes(config),
         "rope_local_base_freq": config.local_rope_theta or config.rope_theta,
         "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
         "rms_norm_eps": config.norm_eps,
