@@ -32,6 +32,7 @@ from lhc.nn.attention_ops import (
     _check_attention_inputs,
     alibi_slopes,
     attention_segments,
+    attention_with_blocked_prefix,
     banded_self_attention,
     dot_product_attention,
     segment_weights,
@@ -57,6 +58,13 @@ def write_slots(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.A
     slots = start[:, None] + jnp.arange(length, dtype=start.dtype)[None, :]
     rows = jnp.arange(batch)[:, None]
     return buffer.at[rows, slots].set(update.astype(buffer.dtype), mode="drop")
+
+
+# Held keys read per step of the XLA path's loop (``attention_with_blocked_prefix``): a
+# call of several tokens (a prompt's chunk) reads a held segment longer than this block
+# by block between its first and last visible key. A one-token step reads it densely:
+# on a CPU the loop's steps cost more than the empty slots of a cache sized to its use.
+HELD_BLOCK = 512
 
 
 @struct.dataclass
@@ -98,10 +106,26 @@ class KVView:
         """``[B, T, N, H]`` attention of ``query`` over this view (see ``dot_product_attention``).
 
         The XLA implementation reads the cache and the new keys as two segments of one
-        softmax; the others receive them concatenated. Caches that store something other
+        softmax; for several tokens, a cache longer than ``HELD_BLOCK`` slots block by
+        block between its first and last visible key (``attention_with_blocked_prefix``:
+        a chunk of a long prompt reads what the cache holds so far, a windowed layer its
+        window). The others receive them concatenated. Caches that store something other
         than plain keys and values (quantized codes) return a view that overrides this.
         """
         segments = [(k.astype(dtype), v.astype(dtype), *rest) for k, v, *rest in self.segments()]
+        held, length = segments[0][0].shape[1], query.shape[1]
+        if impl == "xla" and len(segments) > 1 and held > HELD_BLOCK and length > 1:
+            keys, values, positions = segments[0]
+            return attention_with_blocked_prefix(
+                query,
+                (jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2), positions),
+                segments[1:],
+                query_positions,
+                scale=query.shape[-1] ** -0.5,
+                window=window,
+                alibi_slopes=alibi_slopes,
+                block=HELD_BLOCK,
+            )
         if (
             (impl == "xla" and len(segments) > 1)
             or self.positions.ndim == 3

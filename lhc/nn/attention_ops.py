@@ -200,15 +200,19 @@ def attention_with_blocked_prefix(
     block: int = 128,
 ) -> jax.Array:
     """``attention_segments`` over a prefix segment and ``segments``, reading of the
-    prefix only the blocks up to its last held key.
+    prefix only the blocks that hold a key some query may see.
 
-    A store whose arrays are longer than what it holds (empty slots, position -1, after
-    its keys, so that its shapes and compiled programs last while it grows) costs, read
-    densely, as much as if it were full. Here the prefix is read ``block`` slots at a
-    time in a loop that stops after the last block holding a key of any sequence or head
-    (a run-time count: one program serves every fill), with an online softmax shared with
-    the other segments (read densely). Equal to ``attention_segments(query, [prefix,
-    *segments], ...)``; forward only (the loop's length is traced).
+    A store whose arrays are longer than what it holds (empty slots, position -1, so
+    that its shapes and compiled programs last while it grows) costs, read densely, as
+    much as if it were full; a cache read by a chunk of a long prompt holds fewer keys at
+    each chunk; with a sliding window only the last ``W`` positions matter. Here the
+    prefix is read ``block`` slots at a time in a loop over the blocks between the first
+    and the last slot holding a visible key (a key of any sequence or head at a position
+    ``>= 0`` and, with a window, ``> min(query positions) - W``): run-time bounds, so one
+    program serves every fill. The softmax is online, shared with the other segments
+    (read densely). Equal to ``attention_segments(query, [prefix, *segments], ...)``,
+    which its gradient differentiates (the loop's bounds are traced; the backward pass
+    reads the prefix densely).
 
     Args:
         query: ``[B, T, N, H]``.
@@ -223,16 +227,66 @@ def attention_with_blocked_prefix(
     Returns:
         ``[B, T, N, H]`` in the prefix values' dtype.
     """
+    settings = dict(
+        scale=float(scale),
+        window=window,
+        alibi_slopes=None if alibi_slopes is None else np.asarray(alibi_slopes, np.float32),
+        block=int(block),
+    )
+    return _blocked_prefix(query, prefix, tuple(segments), query_positions, _Static(settings))
+
+
+class _Static:
+    """Hashable settings for ``custom_vjp``'s static arguments (numpy slopes inside)."""
+
+    def __init__(self, settings: dict):
+        self.settings = settings
+
+    def __hash__(self):
+        return hash(tuple((k, str(v)) for k, v in self.settings.items()))
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and hash(self) == hash(other)
+
+
+def _dense_prefix(query, prefix, segments, query_positions, static):
+    settings = dict(static.settings)
+    settings.pop("block")
+    keys, values, positions = prefix
+    first = (jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2), positions)
+    out = attention_segments(query, [first, *segments], query_positions, **settings)
+    return out.astype(values.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blocked_prefix(query, prefix, segments, query_positions, static):
+    return _blocked_prefix_forward(query, prefix, segments, query_positions, static)
+
+
+def _blocked_prefix_fwd(query, prefix, segments, query_positions, static):
+    out = _blocked_prefix_forward(query, prefix, segments, query_positions, static)
+    return out, (query, prefix, segments, query_positions)
+
+
+def _blocked_prefix_bwd(static, residuals, cotangent):
+    query, prefix, segments, query_positions = residuals
+    _, pullback = jax.vjp(
+        lambda q, p, s: _dense_prefix(q, p, s, query_positions, static), query, prefix, segments
+    )
+    return (*pullback(cotangent), None)
+
+
+_blocked_prefix.defvjp(_blocked_prefix_fwd, _blocked_prefix_bwd)
+
+
+def _blocked_prefix_forward(query, prefix, segments, query_positions, static):
+    scale, window, alibi_slopes, block = (
+        static.settings[name] for name in ("scale", "window", "alibi_slopes", "block")
+    )
     keys, values, positions = prefix
     batch, length, _, head_dim = query.shape
     num_kv_heads, slots = keys.shape[1], keys.shape[2]
     block = min(block, slots)
-    if slots % block:  # empty slots up to a whole block
-        extra = block - slots % block
-        keys, values = (jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))) for x in (keys, values))
-        pad = [(0, 0)] * (positions.ndim - 1) + [(0, extra)]
-        positions = jnp.pad(positions, pad, constant_values=-1)
-        slots += extra
     rows = _query_rows(query, num_kv_heads)
     settings = dict(scale=scale, window=window, alibi_slopes=alibi_slopes)
     flat = lambda x: x.reshape(batch, num_kv_heads, -1, x.shape[-1])  # [B, K, G*T, S]
@@ -255,31 +309,54 @@ def attention_with_blocked_prefix(
         parts.append((logits, mask, seg_values))
     total = jnp.zeros(top.shape, jnp.float32)
     acc = jnp.zeros((batch, num_kv_heads, rows.shape[2], head_dim), jnp.float32)
-    for logits, mask, seg_values in parts:
-        weights = jnp.where(mask, jnp.exp(logits - top), 0.0)
+    # Masked scores hold the float32 minimum, so exp(score - top) is 0 wherever a row
+    # has seen a key; rows that have seen none (top still the minimum) collect
+    # weights of 1, rescaled to 0 once they see a key and dropped at the end.
+    for logits, _, seg_values in parts:
+        weights = jnp.exp(logits - top)
         total = total + jnp.sum(weights, axis=-1, keepdims=True)
         acc = acc + weighted_values(flat(weights), seg_values)
 
-    held = jnp.max(jnp.where(positions >= 0, jnp.arange(1, slots + 1, dtype=jnp.int32), 0))
-    take = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * block, block, axis=-2)
+    first, last = _visible_blocks(positions, query_positions, window, block)
+    # The last block of a store that is not a whole number of blocks starts early (a
+    # slice is clamped into the array; padding it would copy the store): its slots
+    # before i * block, read by the block before, are masked as empty.
+    start = lambda i: jnp.minimum(i * block, slots - block)
+    take = lambda x, i: jax.lax.dynamic_slice_in_dim(x, start(i), block, axis=-2)
 
     def step(i, state):
         top, total, acc = state
-        block_positions = jax.lax.dynamic_slice_in_dim(positions, i * block, block, axis=-1)
-        logits, mask = _masked_logits(
+        block_positions = jax.lax.dynamic_slice_in_dim(positions, start(i), block, axis=-1)
+        fresh = start(i) + jnp.arange(block) >= i * block
+        block_positions = jnp.where(fresh, block_positions, -1)
+        logits, _ = _masked_logits(
             rows, take(keys, i), block_positions, None, query_positions, **settings
         )
         new_top = jnp.maximum(top, jnp.max(logits, axis=-1, keepdims=True))
         rescale = jnp.exp(top - new_top)
-        weights = jnp.where(mask, jnp.exp(logits - new_top), 0.0)
+        weights = jnp.exp(logits - new_top)
         total = total * rescale + jnp.sum(weights, axis=-1, keepdims=True)
         part = weighted_values(flat(weights), jnp.swapaxes(take(values, i), 1, 2))
         return new_top, total, acc * flat(rescale) + part
 
-    num_blocks = (held + block - 1) // block
-    top, total, acc = jax.lax.fori_loop(0, num_blocks, step, (top, total, acc))
-    out = acc * flat(_inverse(total))
+    top, total, acc = jax.lax.fori_loop(first, last, step, (top, total, acc))
+    seen = top > jnp.finfo(jnp.float32).min
+    out = acc * flat(jnp.where(seen, _inverse(total), 0.0))
     return _query_layout(out, length).astype(values.dtype)
+
+
+def _visible_blocks(positions, query_positions, window, block) -> tuple[jax.Array, jax.Array]:
+    """int32 ``(first, last)``: blocks ``first .. last - 1`` of ``block`` slots hold every
+    key of ``positions`` (``[..., M]``) that a query at ``query_positions`` may see."""
+    visible = positions >= 0
+    if window is not None:
+        real = jnp.where(query_positions >= 0, query_positions, jnp.iinfo(jnp.int32).max)
+        visible &= positions > jnp.min(real) - window
+    visible = jnp.any(visible.reshape(-1, positions.shape[-1]), axis=0)
+    slot = jnp.arange(positions.shape[-1], dtype=jnp.int32)
+    first = jnp.min(jnp.where(visible, slot, positions.shape[-1])) // block
+    last = (jnp.max(jnp.where(visible, slot + 1, 0)) + block - 1) // block
+    return first, jnp.maximum(first, last)
 
 
 def attention_segments(

@@ -41,7 +41,7 @@ def test_protocol_is_runtime_checkable():
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_sliding_window_ring_equals_full_cache_and_numpy(numpy_lm, scan_layers):
+def test_sliding_window_ring_equals_full_cache_and_numpy(numpy_lm, scan_layers, held_block):
     config = CONFIG.replace(scan_layers=scan_layers)
     params = lm.random_params(CONFIG)
     if scan_layers:

@@ -46,7 +46,7 @@ def _greedy_by_recomputation(params, sequences, steps):
     return np.stack(out, axis=1)
 
 
-def test_chunked_prefill_and_decode_step_equal_generate():
+def test_chunked_prefill_and_decode_step_equal_generate(held_block):
     params = random_params(CONFIG, scale=SCALE)
     model = lm.Transformer(CONFIG)
     steps = 8

@@ -183,7 +183,7 @@ def tiny_gemma():
     return lm.Transformer(config), params
 
 
-def test_the_hybrid_cache_decodes_as_recomputation_across_ring_wraps(tiny_gemma):
+def test_the_hybrid_cache_decodes_as_recomputation_across_ring_wraps(tiny_gemma, held_block):
     model, params = tiny_gemma
     ring = GEMMA3_WINDOW + 4  # wraps every 12 tokens
     cache = lm.init_hybrid_cache(model.config, 2, 200, ring)

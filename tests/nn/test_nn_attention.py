@@ -12,8 +12,9 @@ from lhc import nn as lnn
 from ..support import random_params
 
 
-def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None):
-    """Loops over batch, head and query; numpy float64 (ALiBi biases with ``slopes``)."""
+def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None, window=None):
+    """Loops over batch, head and query; numpy float64 (ALiBi biases with ``slopes``, a
+    sliding ``window``)."""
     batch, length, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     out = np.zeros((batch, length, num_heads, head_dim))
@@ -23,7 +24,12 @@ def _brute_force_attention(q, k, v, q_pos, k_pos, slopes=None):
             for t in range(length):
                 if q_pos[b, t] < 0:
                     continue
-                visible = [s for s in range(k.shape[1]) if 0 <= k_pos[b, s] <= q_pos[b, t]]
+                visible = [
+                    s
+                    for s in range(k.shape[1])
+                    if 0 <= k_pos[b, s] <= q_pos[b, t]
+                    and (window is None or q_pos[b, t] - k_pos[b, s] < window)
+                ]
                 if not visible:
                     continue
                 scores = np.array([q[b, t, n] @ k[b, s, kv_head] for s in visible]) / np.sqrt(
@@ -287,3 +293,59 @@ def test_attention_with_blocked_prefix_matches_brute_force_and_skips_empty_block
         )
     assert np.all(np.isfinite(np.asarray(got)))
     np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_blocked_prefix_reads_only_the_window_and_differentiates_like_the_dense_path():
+    """A cache in slot order read by a chunk of later tokens with a window: the blocks
+    wholly before the window (NaN here) are never read, the result is brute force's, and
+    the gradient is the dense path's."""
+    from lhc.nn.attention_ops import attention_segments, attention_with_blocked_prefix
+
+    rng = np.random.default_rng(3)
+    batch, num_heads, num_kv_heads, head_dim, slots, new, window = 2, 4, 2, 4, 43, 4, 9
+    # Positions 0..40 in slots 0..40 (row 1: two padding slots first); 43 slots are five
+    # blocks of 8 and a last one clamped to start at slot 35.
+    held = 41
+    keys = rng.normal(size=(batch, num_kv_heads, slots, head_dim)).astype(np.float32)
+    values = rng.normal(size=(batch, num_kv_heads, slots, head_dim)).astype(np.float32)
+    positions = np.full((batch, slots), -1)
+    positions[0, :held] = np.arange(held)
+    positions[1, 2:held] = np.arange(held - 2)
+    new_positions = np.array([[41, 42, 43, 44], [39, 40, 41, -1]])
+    # The lowest query position is 39, so keys at positions <= 30 are out of the window:
+    # with blocks of 8, blocks 0-2 (slots 0-23) are never read.
+    keys[:, :, :24] = np.nan
+    values[:, :, :24] = np.nan
+    q = rng.normal(size=(batch, new, num_heads, head_dim)).astype(np.float32)
+    new_keys = rng.normal(size=(batch, new, num_kv_heads, head_dim)).astype(np.float32)
+    new_values = rng.normal(size=(batch, new, num_kv_heads, head_dim)).astype(np.float32)
+    segment = (jnp.asarray(new_keys), jnp.asarray(new_values), jnp.asarray(new_positions))
+
+    def blocked(q, keys, values):
+        prefix = (keys, values, jnp.asarray(positions))
+        return attention_with_blocked_prefix(
+            q, prefix, [segment], jnp.asarray(new_positions), scale=0.5, window=window, block=8
+        )
+
+    got = blocked(jnp.asarray(q), jnp.asarray(keys), jnp.asarray(values))
+    k = np.concatenate([np.swapaxes(keys, 1, 2), new_keys], 1)
+    v = np.concatenate([np.swapaxes(values, 1, 2), new_values], 1)
+    k_pos = np.concatenate([positions, new_positions], 1)
+    expected = _brute_force_attention(q, k, v, new_positions, k_pos, window=window)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+    # Gradients against the dense formula on finite inputs.
+    finite_keys, finite_values = (np.nan_to_num(x) for x in (keys, values))
+
+    def dense(q, keys, values):
+        first = (jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2), jnp.asarray(positions))
+        return attention_segments(
+            q, [first, segment], jnp.asarray(new_positions), scale=0.5, window=window
+        )
+
+    weights = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+    args = (jnp.asarray(q), jnp.asarray(finite_keys), jnp.asarray(finite_values))
+    grads = jax.grad(lambda *a: jnp.sum(blocked(*a) * weights), argnums=(0, 1, 2))(*args)
+    expected_grads = jax.grad(lambda *a: jnp.sum(dense(*a) * weights), argnums=(0, 1, 2))(*args)
+    for g, e in zip(grads, expected_grads):
+        np.testing.assert_allclose(g, e, atol=1e-5)
