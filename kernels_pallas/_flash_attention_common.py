@@ -77,3 +77,42 @@ def probs_and_dscores(q, k, v, d_out, lse, delta, mask, scale):
     d_probs = matmul(d_out, v, NT)
     d_scores = (probs * (d_probs - delta) * scale).astype(q.dtype)
     return probs, d_scores
+
+
+def fetch_ranges(q_min, q_max, k_min, k_max, window):
+    """Which blocks a kernel's pipeline copies, so that a skipped block is never copied.
+
+    Per row of query blocks, the first and last key block it may interact with; per key
+    block, the first and last query block. An index map that clamps the inner grid index
+    into that range asks, on a skipped step, for the block the step before or after it
+    copies, and a pipeline copies a block only when its index changes (as splash
+    attention's). Blocks inside the range that cannot interact (keys in no position
+    order) are still copied, their compute skipped.
+
+    Args:
+        q_min, q_max: int32 [B, nq], ``block_bounds`` of the queries.
+        k_min, k_max: int32 [B, nk], of the keys.
+        window: as for ``blocks_may_interact``.
+
+    Returns:
+        (k_first, k_last) int32 [B, nq] and (q_first, q_last) int32 [B, nk]; 0 and 0
+        where nothing interacts.
+    """
+    may = blocks_may_interact(
+        q_min[:, :, None], q_max[:, :, None], k_min[:, None, :], k_max[:, None, :], window
+    )  # [B, nq, nk]
+
+    def first_last(may, axis):
+        index = jnp.arange(may.shape[axis], dtype=jnp.int32)
+        index = index[:, None] if axis == 1 else index[None, :]
+        last = jnp.max(jnp.where(may, index, -1), axis=axis)
+        first = jnp.min(jnp.where(may, index, may.shape[axis]), axis=axis)
+        none = last < 0
+        return jnp.where(none, 0, first), jnp.where(none, 0, last)
+
+    return first_last(may, 2), first_last(may, 1)
+
+
+def clamp(index, first, last):
+    """``index`` clamped into ``[first, last]`` (scalars, in an index map)."""
+    return jnp.minimum(jnp.maximum(index, first), last)

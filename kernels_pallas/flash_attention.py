@@ -26,6 +26,8 @@ Implementations (``impl``):
 
 Both skip a (query block, key block) pair whose position ranges cannot produce a single
 visible pair (a block above the causal diagonal, or outside the window), which is exact.
+The TPU kernels' index maps also clamp each step into the range of blocks it may need
+(``fetch_ranges``), so the pipeline does not copy a skipped block either.
 
 Scores, the running max and sum and the output accumulator are float32 whatever the
 input dtype; the output is cast to ``query.dtype``.

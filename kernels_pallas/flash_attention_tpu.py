@@ -41,6 +41,8 @@ from kernels_pallas._common import (
 from kernels_pallas._flash_attention_common import (
     block_bounds,
     blocks_may_interact,
+    clamp,
+    fetch_ranges,
     probs_and_dscores,
     visible,
 )
@@ -55,16 +57,48 @@ def _layout(query, key, value):
 
 
 def _position_inputs(query_positions, key_positions, config):
-    """Scalar-prefetch block bounds (flat, for SMEM) and the broadcast position arrays."""
+    """Scalar-prefetch block bounds and fetch ranges (flat, for SMEM) and the broadcast
+    position arrays.
+
+    The prefetched scalars are (q_min, q_max, k_min, k_max), which the kernels read to
+    skip blocks, then (k_first, k_last, q_first, q_last) of ``fetch_ranges``, which only
+    the index maps read (``_fetched``): a skipped block is not copied either.
+    """
     q_min, q_max = block_bounds(query_positions, config.block_q)
     k_min, k_max = block_bounds(key_positions, config.block_k)
+    (k_first, k_last), (q_first, q_last) = fetch_ranges(q_min, q_max, k_min, k_max, config.window)
     batch, seq_len_q = query_positions.shape
     seq_len_k = key_positions.shape[1]
     # 1-D: a multi-dimensional SMEM array is padded per row.
-    bounds = tuple(x.reshape(-1) for x in (q_min, q_max, k_min, k_max))
+    bounds = tuple(
+        x.reshape(-1) for x in (q_min, q_max, k_min, k_max, k_first, k_last, q_first, q_last)
+    )
     q_pos_lanes = jnp.broadcast_to(query_positions[:, :, None], (batch, seq_len_q, NUM_LANES))
     k_pos_sublanes = jnp.broadcast_to(key_positions[:, None, :], (batch, NUM_SUBLANES, seq_len_k))
     return bounds, q_pos_lanes, k_pos_sublanes
+
+
+def _key_block(b, i, j, refs, num_q_blocks):
+    """The key block a step (batch b, query block i, key step j) copies: j clamped into
+    the keys query block i may interact with."""
+    row = b * num_q_blocks + i
+    return clamp(j, refs[4][row], refs[5][row])
+
+
+def _query_block(b, i, j, refs, num_k_blocks):
+    """The query block a step (batch b, key block i, query step j) copies."""
+    row = b * num_k_blocks + i
+    return clamp(j, refs[6][row], refs[7][row])
+
+
+def _bounds_only(kernel):
+    """``kernel`` given the first four prefetched scalars (the block bounds); the fetch
+    ranges after them serve the index maps only."""
+
+    def wrapped(q_min, q_max, k_min, k_max, _k_first, _k_last, _q_first, _q_last, *rest, **kw):
+        return kernel(q_min, q_max, k_min, k_max, *rest, **kw)
+
+    return wrapped
 
 
 def _may_interact(
@@ -171,10 +205,15 @@ def forward(query, key, value, query_positions, key_positions, config):
 
     # Index maps receive the grid indices, then the scalar-prefetch refs.
     q_spec = pl.BlockSpec((None, None, group, bq, head_dim), lambda b, h, i, j, *_: (b, h, 0, i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, head_dim), lambda b, h, i, j, *_: (b, h, j, 0))
+    key = lambda b, i, j, refs: _key_block(b, i, j, refs, nq)
+    kv_spec = pl.BlockSpec(
+        (None, None, bk, head_dim), lambda b, h, i, j, *refs: (b, h, key(b, i, j, refs), 0)
+    )
     in_specs = [
         pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, i, 0)),
-        pl.BlockSpec((None, NUM_SUBLANES, bk), lambda b, h, i, j, *_: (b, 0, j)),
+        pl.BlockSpec(
+            (None, NUM_SUBLANES, bk), lambda b, h, i, j, *refs: (b, 0, key(b, i, j, refs))
+        ),
         q_spec,
         kv_spec,
         kv_spec,
@@ -188,7 +227,7 @@ def forward(query, key, value, query_positions, key_positions, config):
         jax.ShapeDtypeStruct((batch, num_kv_heads, group, seq_len_q, NUM_LANES), jnp.float32),
     ]
     kernel = functools.partial(
-        _forward_kernel,
+        _bounds_only(_forward_kernel),
         scale=config.scale,
         window=config.window,
         group=group,
@@ -373,17 +412,21 @@ def backward(query, key, value, query_positions, key_positions, d_out, lse, delt
     )
 
     def specs(q_index, k_index):
-        """Input specs for a grid whose (query block, key block) indices the two maps pick."""
-        q_map = lambda b, h, i, j, *_: (b, h, 0, q_index(i, j), 0)
-        kv_map = lambda b, h, i, j, *_: (b, h, k_index(i, j), 0)
+        """Input specs for a grid whose (query block, key block) indices the two maps pick
+        (from the batch and grid indices and the prefetched scalars)."""
+        q_map = lambda b, h, i, j, *refs: (b, h, 0, q_index(b, i, j, refs), 0)
+        kv_map = lambda b, h, i, j, *refs: (b, h, k_index(b, i, j, refs), 0)
         q_spec = pl.BlockSpec((None, None, group, bq, head_dim), q_map)
         row_spec = pl.BlockSpec((None, None, group, bq, NUM_LANES), q_map)
         kv_spec = pl.BlockSpec((None, None, bk, head_dim), kv_map)
         return (
             [
-                pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, q_index(i, j), 0)),
                 pl.BlockSpec(
-                    (None, NUM_SUBLANES, bk), lambda b, h, i, j, *_: (b, 0, k_index(i, j))
+                    (None, bq, NUM_LANES), lambda b, h, i, j, *refs: (b, q_index(b, i, j, refs), 0)
+                ),
+                pl.BlockSpec(
+                    (None, NUM_SUBLANES, bk),
+                    lambda b, h, i, j, *refs: (b, 0, k_index(b, i, j, refs)),
                 ),
                 q_spec,
                 kv_spec,
@@ -398,9 +441,12 @@ def backward(query, key, value, query_positions, key_positions, d_out, lse, delt
 
     inputs = (*bounds, q_pos_lanes, k_pos_sublanes, q, k, v, d_out, lse, delta)
 
-    dq_in_specs, dq_spec, _ = specs(lambda i, j: i, lambda i, j: j)
+    # Grid (batch, kv head, query block, key block); the key step copies within range.
+    dq_in_specs, dq_spec, _ = specs(
+        lambda b, i, j, refs: i, lambda b, i, j, refs: _key_block(b, i, j, refs, nq)
+    )
     dq = pl.pallas_call(
-        functools.partial(_dq_kernel, **kernel_args),
+        functools.partial(_bounds_only(_dq_kernel), **kernel_args),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(bounds),
             grid=(batch, num_kv_heads, nq, nk),
@@ -415,9 +461,11 @@ def backward(query, key, value, query_positions, key_positions, d_out, lse, delt
     )(*inputs)
 
     # Grid (batch, kv head, key block, query block): i indexes keys, j queries.
-    dkv_in_specs, _, dkv_spec = specs(lambda i, j: j, lambda i, j: i)
+    dkv_in_specs, _, dkv_spec = specs(
+        lambda b, i, j, refs: _query_block(b, i, j, refs, nk), lambda b, i, j, refs: i
+    )
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, **kernel_args),
+        functools.partial(_bounds_only(_dkv_kernel), **kernel_args),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=len(bounds),
             grid=(batch, num_kv_heads, nk, nq),

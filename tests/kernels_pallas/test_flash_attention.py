@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from kernels_pallas._flash_attention_common import block_bounds as _block_bounds
 from kernels_pallas._flash_attention_common import blocks_may_interact as _blocks_may_interact
+from kernels_pallas._flash_attention_common import fetch_ranges as _fetch_ranges
 from kernels_pallas.flash_attention import BlockSizes, flash_attention, flash_attention_reference
 
 # float32: every implementation accumulates in float32 over at most 29 keys of O(1)
@@ -330,6 +331,50 @@ def test_block_skipping_never_drops_a_visible_pair(window):
     visible_blocks = visible.reshape(6, 8, block, 8, block).any(axis=(2, 4))
     assert np.all(may_interact[visible_blocks])
     assert not np.all(may_interact)  # and it does skip something on these inputs
+
+
+@pytest.mark.parametrize("window", [None, 3, 8, 13])
+def test_skipped_blocks_are_never_copied(window):
+    """The TPU kernels' index maps clamp the inner grid step into ``fetch_ranges``: for
+    causal rows with left padding and windows smaller than, equal to and larger than a
+    block, every block a step computes with is the one it copies, and a row of steps
+    copies exactly the blocks it computes with (a pipeline copies when the index
+    changes), so a skipped block is never copied."""
+    block, length = 8, 64
+    rows = [np.array([-1] * pad + list(range(length - pad))) for pad in (0, 5, 64)]
+    positions = jnp.asarray(np.stack(rows), jnp.int32)
+    bounds = _block_bounds(positions, block)
+    (k_first, k_last), (q_first, q_last) = map(
+        lambda pair: tuple(np.asarray(x) for x in pair), _fetch_ranges(*bounds, *bounds, window)
+    )
+    q_pos, k_pos = np.asarray(positions)[:, :, None], np.asarray(positions)[:, None, :]
+    visible = (q_pos >= 0) & (k_pos >= 0) & (k_pos <= q_pos)
+    if window is not None:
+        visible &= q_pos - k_pos < window
+    blocks = length // block
+    computed = visible.reshape(3, blocks, block, blocks, block).any(axis=(2, 4))  # [B, i, j]
+    for outer_first, outer_last, needed in (
+        (k_first, k_last, computed),  # forward and dq: query block i, key steps j
+        (q_first, q_last, np.swapaxes(computed, 1, 2)),  # dkv: key block i, query steps j
+    ):
+        for b in range(3):
+            for i in range(blocks):
+                copied = np.clip(np.arange(blocks), outer_first[b, i], outer_last[b, i])
+                for j in np.flatnonzero(needed[b, i]):
+                    assert copied[j] == j
+                copies = 1 + np.count_nonzero(np.diff(copied))
+                assert copies == max(1, np.count_nonzero(needed[b, i])), (b, i, copied)
+    assert computed.sum() < computed.size  # something is skipped
+
+
+@pytest.mark.parametrize("window", [8, 13])
+def test_tpu_kernels_with_windows_of_a_block_and_more(window):
+    """Interpreted TPU kernels (forward and gradients) with a window equal to and larger
+    than a block of 8, over five blocks of causal rows (smaller windows: ``CASES``)."""
+    case = Case(f"causal_gqa_window_{window}", "causal", 37, 37, 4, 2, window=window)
+    out, gradients = _output_and_gradients(case, "pallas", "tpu", True)
+    _check_forward(case, out)
+    _check_gradients(case, gradients)
 
 
 def _temp_bytes(fn, *args):
