@@ -227,6 +227,23 @@ def streaming_read(num_bytes: int = 2**30) -> Callable[[], float]:
     return read
 
 
+def matmul_rate(size: int = 2048, repeats: int = 5) -> float:
+    """This device's float32 matmul rate, FLOP/s: the best of ``repeats`` jitted
+    ``size x size`` products (the ceiling a compute-bound prefill can reach)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((size, size), jnp.float32)
+    product = jax.jit(jnp.matmul)
+    product(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        product(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lhc import bench
+from lhc.lm.costs import prefill_flops
 from lhc.lm.decoding import decode_step, prefill
 
 BIBLE = ("bible", "-f", "Genesis1:1-Revelation22:21")
@@ -204,6 +205,12 @@ def measure_long_prompts(
         prompt = (bos + words)[:length]
         row = {"prompt_len": length, **_ours(ckpt, prompt, new_tokens, prefill_chunk, repeats)}
         row["bandwidth_gbps"] = read() / 1e9
+        # The causal work of the prefill against this machine's float32 matmul rate.
+        row["prefill_flops"] = prefill_flops(config, length)["total"]
+        row["matmul_gflops"] = bench.matmul_rate() / 1e9
+        row["fraction_of_matmul"] = (
+            row["prefill_flops"] / row["lhc_prefill_s"] / (row["matmul_gflops"] * 1e9)
+        )
         # A step reads every weight and every slot of the cache (masked or not).
         step_bytes = _tree_bytes(ckpt.params) + row["cache_bytes"]
         row["step_bytes"] = step_bytes
@@ -239,6 +246,7 @@ def long_prompt_table(result: dict[str, Any]) -> str:
             ("compile s", "lhc_compile_s", ".1f"),
             ("transformers prefill s", "transformers_prefill_s", ".1f"),
             ("prefill x", "prefill_ratio", ".2fx"),
+            ("of matmul rate", "fraction_of_matmul", "%"),
             ("lhc decode tok/s", "lhc_decode_tokens_per_s", ".1f"),
             ("transformers tok/s", "transformers_decode_tokens_per_s", ".1f"),
             ("decode x", "decode_ratio", ".2fx"),

@@ -37,3 +37,32 @@ def decode_bytes_per_token(
         bytes_per_step=float(per_step),
         bytes_per_token=float(per_step / batch_size),
     )
+
+
+def visible_pairs(length: int, window: int | None = None) -> int:
+    """(query, key) pairs a causal prompt of ``length`` tokens attends: each query at
+    position ``p`` sees ``p + 1`` keys, or ``min(p + 1, window)`` with a window."""
+    if window is None or window >= length:
+        return length * (length + 1) // 2
+    return window * (window + 1) // 2 + (length - window) * window
+
+
+def prefill_flops(config: LMConfig, length: int) -> dict[str, float]:
+    """Matmul FLOPs of prefilling a ``length``-token prompt (batch 1), the causal work
+    only: every projection and MLP matrix once per token, the attention scores and
+    weighted values of every visible pair (per layer, its own window), and the output
+    head for the last token (what a prefill keeps).
+
+    Returns:
+        ``weights`` (projections and MLP), ``attention``, ``head`` and ``total``.
+    """
+    d, h = config.embed_dim, config.head_dim
+    projections = d * h * (2 * config.num_heads + 2 * config.num_kv_heads)
+    mlp = (3 if config.mlp_type in ("swiglu", "geglu") else 2) * d * config.mlp_dim
+    weights = 2.0 * length * config.num_layers * (projections + mlp)
+    attention = sum(
+        4.0 * config.num_heads * h * visible_pairs(length, config.layer_window(layer))
+        for layer in range(config.num_layers)
+    )
+    head = 2.0 * d * config.vocab_size
+    return dict(weights=weights, attention=attention, head=head, total=weights + attention + head)

@@ -33,3 +33,42 @@ def test_prompts_prefill_and_decode_as_transformers_does(tmp_path):
     assert short["cache_bytes"] == short["full_cache_bytes"] == 7 * 26 * slot_bytes
     assert long["full_cache_bytes"] == 7 * 156 * slot_bytes
     assert long["cache_bytes"] == (156 + 6 * 136) * slot_bytes
+    for row in (short, long):
+        assert row["fraction_of_matmul"] == pytest.approx(
+            row["prefill_flops"] / row["lhc_prefill_s"] / (row["matmul_gflops"] * 1e9)
+        )
+
+
+@pytest.mark.parametrize("window,full_layers", [(None, ()), (5, ()), (5, (1,)), (40, (0,))])
+def test_prefill_flops_count_every_matrix_and_visible_pair(window, full_layers):
+    """Against the parameter tree (every kernel of the layers, once per token; the output
+    head once) and pairs counted by brute force, layer by layer with its own window."""
+    import jax
+    import numpy as np
+
+    from lhc import lm
+    from lhc.lm.costs import prefill_flops
+
+    config = lm.LMConfig.tiny(
+        vocab_size=50, sliding_window=window, full_attention_layers=full_layers, max_len=64
+    )
+    length = 23
+    params = lm.random_params(config)
+    kernels = [
+        leaf.size
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if "kernel" in jax.tree_util.keystr(path) and "layers" in jax.tree_util.keystr(path)
+    ]
+    weights = 2 * length * sum(kernels)
+    positions = np.arange(length)
+    attention = 0
+    for layer in range(config.num_layers):
+        seen = positions[None, :] <= positions[:, None]
+        layer_window = None if layer in full_layers else window
+        if layer_window is not None:
+            seen &= positions[:, None] - positions[None, :] < layer_window
+        attention += 4 * config.num_heads * config.head_dim * int(seen.sum())
+    head = 2 * config.embed_dim * config.vocab_size
+    got = prefill_flops(config, length)
+    assert (got["weights"], got["attention"], got["head"]) == (weights, attention, head)
+    assert got["total"] == weights + attention + head
