@@ -227,31 +227,19 @@ def attention_with_blocked_prefix(
     Returns:
         ``[B, T, N, H]`` in the prefix values' dtype.
     """
-    settings = dict(
-        scale=float(scale),
-        window=window,
-        alibi_slopes=None if alibi_slopes is None else np.asarray(alibi_slopes, np.float32),
-        block=int(block),
-    )
-    return _blocked_prefix(query, prefix, tuple(segments), query_positions, _Static(settings))
+    # Static settings of the custom_vjp, hashable: the slopes as a tuple of floats.
+    slopes = None if alibi_slopes is None else tuple(np.asarray(alibi_slopes, float).tolist())
+    static = (float(scale), window, slopes, int(block))
+    return _blocked_prefix(query, prefix, tuple(segments), query_positions, static)
 
 
-class _Static:
-    """Hashable settings for ``custom_vjp``'s static arguments (numpy slopes inside)."""
-
-    def __init__(self, settings: dict):
-        self.settings = settings
-
-    def __hash__(self):
-        return hash(tuple((k, str(v)) for k, v in self.settings.items()))
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and hash(self) == hash(other)
+def _slopes(slopes):
+    return None if slopes is None else np.asarray(slopes, np.float32)
 
 
 def _dense_prefix(query, prefix, segments, query_positions, static):
-    settings = dict(static.settings)
-    settings.pop("block")
+    scale, window, slopes, _ = static
+    settings = dict(scale=scale, window=window, alibi_slopes=_slopes(slopes))
     keys, values, positions = prefix
     first = (jnp.swapaxes(keys, 1, 2), jnp.swapaxes(values, 1, 2), positions)
     out = attention_segments(query, [first, *segments], query_positions, **settings)
@@ -280,9 +268,8 @@ _blocked_prefix.defvjp(_blocked_prefix_fwd, _blocked_prefix_bwd)
 
 
 def _blocked_prefix_forward(query, prefix, segments, query_positions, static):
-    scale, window, alibi_slopes, block = (
-        static.settings[name] for name in ("scale", "window", "alibi_slopes", "block")
-    )
+    scale, window, slopes, block = static
+    alibi_slopes = _slopes(slopes)
     keys, values, positions = prefix
     batch, length, _, head_dim = query.shape
     num_kv_heads, slots = keys.shape[1], keys.shape[2]
