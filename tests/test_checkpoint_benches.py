@@ -6,9 +6,11 @@ its tokenizer."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
+from lhc import lm
 from lhc.bench import lm as lm_bench
 from lhc.data.topics import TOPICS, TopicTask
 from lhc.emloc import bench as emloc_bench
@@ -45,7 +47,10 @@ def test_quantspec(checkpoint):
     # The measurement itself runs on a tiny model in tests/quantspec; here the checkpoint
     # and prompts of filler text in its own tokens.
     model, params, tokenizer = quantspec_bench.load_model(None, None, checkpoint)
-    assert model.config.scan_layers and tokenizer.encode("Topic:") != list(b"Topic:")
+    layers = lm.default_layers()  # one compiled block: switched on a CPU
+    assert all(getattr(model.config, key) == value for key, value in layers.items())
+    assert layers["switch_layers"] == (jax.default_backend() == "cpu")
+    assert tokenizer.encode("Topic:") != list(b"Topic:")
     prompts = quantspec_bench.filler_prompts(2, 40, tokenizer=tokenizer)
     assert prompts.shape == (2, 40) and prompts.max() < model.config.vocab_size
     assert tokenizer.decode(prompts[0].tolist()).strip().startswith("The grass is green.")

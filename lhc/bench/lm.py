@@ -22,9 +22,11 @@ peak memory of prefilling one N-token prompt with the chunked attention.
 ``--checkpoint`` (a Hugging Face directory, a GGUF file or ``smollm2-135m-instruct``)
 measures a real model instead of ``--configs``, and compares it with transformers
 (which reads the same file) instead of ``--against-config``; ``--workdir`` measures the
-``lhc.lm.Transformer`` of an lhc run instead of ``--configs``; ``--scan-layers 1,0``
-adds lhc's scanned and unrolled layers to the kernel layouts, and the first call of
-each (lhc compiles there) is reported::
+``lhc.lm.Transformer`` of an lhc run instead of ``--configs``; ``--scan-layers 1,0,switch``
+adds lhc's layer layouts to the kernel layouts (``1`` scanned: stacked weights, one
+compiled block; ``0`` unrolled: an array per layer, looped; ``switch``: an array per
+layer, one compiled block choosing them by ``lax.switch``, ``LMConfig.switch_layers``),
+and the first call of each (lhc compiles there) is reported::
 
     lhc bench lm --checkpoint smollm2-135m-instruct --configs "" --real-config "" \
         --against transformers --batch-sizes 1,8 --scan-layers 1,0
@@ -170,8 +172,12 @@ def _agreement(ours: np.ndarray, theirs: np.ndarray) -> dict[str, float]:
     )
 
 
-def _variant_name(layout: str, scan: bool) -> str:
-    return f"{layout}, {'scanned' if scan else 'unrolled'}"
+# --scan-layers values: how the layers are laid out and run.
+LAYER_MODES = {"1": "scanned", "0": "unrolled", "switch": "switched"}
+
+
+def _variant_name(layout: str, layers: str) -> str:
+    return f"{layout}, {layers}"
 
 
 def _transformers_model(path: str):
@@ -204,9 +210,15 @@ def _both_models(checkpoint, config, seed, variants):
         else:
             path = resolve_checkpoint(checkpoint)
         load = gguf.load if path.endswith(".gguf") else hf.load
-        for layout, scan in variants:
-            config, params = load(path, jnp.float32, kernel_layout=layout, scan_layers=scan)
-            models[_variant_name(layout, scan)] = (Transformer(config), params)
+        for layout, layers in variants:
+            config, params = load(
+                path,
+                jnp.float32,
+                kernel_layout=layout,
+                scan_layers=layers == "scanned",
+                switch_layers=layers == "switched",
+            )
+            models[_variant_name(layout, layers)] = (Transformer(config), params)
         return config, models, _transformers_model(path)
 
 
@@ -233,7 +245,7 @@ def compare_with_transformers(
     seed: int = 0,
     bandwidth_bytes: int = 2**30,
     kernel_layouts: tuple[str, ...] = ("in_out", "out_in"),
-    scan_layers: tuple[bool, ...] = (False,),
+    layers: tuple[str, ...] = ("unrolled",),
     checkpoint: str | None = None,
     torch_threads: int | None = None,
 ) -> dict[str, Any]:
@@ -242,8 +254,8 @@ def compare_with_transformers(
     Both read one checkpoint: ``checkpoint`` (a Hugging Face directory, a GGUF file or a
     named pretrained model), else a safetensors checkpoint of random weights of
     ``config``. lhc runs in each of ``kernel_layouts`` (``out_in`` keeps the checkpoint's
-    own ``[out, in]`` weights) and ``scan_layers`` settings (layers unrolled, or one
-    scanned block). All generate ``new_tokens`` after a random ``prompt_len`` prompt,
+    own ``[out, in]`` weights) and ``layers`` modes (``LAYER_MODES``' values: unrolled,
+    scanned, switched). All generate ``new_tokens`` after a random ``prompt_len`` prompt,
     timed end to end (prefill included) as the best of ``repeats`` interleaved runs
     after a first call, which is timed apart (lhc compiles there). The decode steps
     alone are timed too (``generate`` of ``new_tokens`` minus ``generate`` of one token,
@@ -258,7 +270,7 @@ def compare_with_transformers(
     import transformers
 
     torch.set_num_threads(torch_threads or os.cpu_count() or 1)
-    variants = [(layout, scan) for layout in kernel_layouts for scan in scan_layers]
+    variants = [(layout, mode) for layout in kernel_layouts for mode in layers]
     config, models, torch_model = _both_models(checkpoint, config, seed, variants)
     # The bandwidth is read between the timed runs too, so that it sees the same machine.
     read = bench.streaming_read(bandwidth_bytes)
@@ -305,11 +317,11 @@ def compare_with_transformers(
         rates = {impl: _rates(best, impl, batch_size, new_tokens) for impl in impls}
         theirs_rates = rates["transformers"]
         bandwidth = max(bandwidths)
-        for (layout, scan), variant in zip(variants, models):
+        for (layout, mode), variant in zip(variants, models):
             row = dict(
                 batch_size=batch_size,
                 kernel_layout=layout,
-                scan_layers=scan,
+                layers=mode,
                 lhc_first_call_s=first_call_s[variant],
                 transformers_first_call_s=first_call_s["transformers"],
             )
@@ -389,7 +401,7 @@ def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: st
 
 def _format_comparison(result: dict[str, Any]) -> str:
     rows = [
-        {**row, "variant": _variant_name(row["kernel_layout"], row["scan_layers"])}
+        {**row, "variant": _variant_name(row["kernel_layout"], row["layers"])}
         for row in result["rows"]
     ]
     columns = [
@@ -509,7 +521,7 @@ def _parser():
         "--scan-layers",
         type=bench.str_list,
         default=["0"],
-        help="lhc layers scanned (1) or unrolled (0), for --against",
+        help="lhc layers scanned (1), unrolled (0) or switched (switch), for --against",
     )
     bench.add_model_source(
         parser,
@@ -554,8 +566,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     if not args.hbm_gbps > 0:
         parser.error("--hbm-gbps must be positive")
-    if not set(args.scan_layers) <= {"0", "1"}:
-        parser.error(f"--scan-layers must be 1s and 0s, got {','.join(args.scan_layers)}")
+    if not set(args.scan_layers) <= set(LAYER_MODES):
+        parser.error(
+            f"--scan-layers must be among {', '.join(LAYER_MODES)}; got {','.join(args.scan_layers)}"
+        )
 
     if args.prompt_lens:
         if not args.checkpoint:
@@ -619,7 +633,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.repeats,
             bandwidth_bytes=args.bandwidth_mib * 2**20,
             kernel_layouts=tuple(args.kernel_layouts),
-            scan_layers=tuple(value == "1" for value in args.scan_layers),
+            layers=tuple(LAYER_MODES[value] for value in args.scan_layers),
             checkpoint=args.checkpoint,
             torch_threads=args.torch_threads,
         )

@@ -16,7 +16,10 @@ after the tokenizer's BOS when it adds one. For each length, one sequence:
   (one pass over 32K tokens does not fit in memory), then the same greedy steps.
 
 The tokens of both are compared, and lhc's cache is weighed against a cache that keeps
-every token in every layer. Each decode step is set against the bytes it must read
+every token in every layer. Each prefill's peak memory is how far it raises the
+process's resident memory above where it started (``lhc.bench.peak_memory``: the cache,
+the activations and any temporaries; the weights were already loaded): lhc's on one
+more compiled prefill after the timed ones, transformers' on its timed one. Each decode step is set against the bytes it must read
 (every weight once, and the cached keys and values) and this machine's streaming-read
 bandwidth, measured in the same run (a step reads every weight and every slot of the
 cache, masked or not).
@@ -96,6 +99,9 @@ def _ours(ckpt, prompt: list[int], new_tokens: int, chunk: int, repeats: int) ->
         start = time.perf_counter()
         jax.block_until_ready(run())
         seconds = min(seconds, time.perf_counter() - start)
+    del logits, cache
+    with bench.peak_memory() as held:  # a compiled prefill: activations and the cache
+        logits, cache = jax.block_until_ready(run())
     generated, steps = [int(jnp.argmax(logits[0]))], []  # logits [B, V]
     for index in range(new_tokens - 1):
         start = time.perf_counter()
@@ -111,6 +117,7 @@ def _ours(ckpt, prompt: list[int], new_tokens: int, chunk: int, repeats: int) ->
     decode = float(np.mean(steps[1:])) if len(steps) > 1 else float("nan")
     return {
         "lhc_prefill_s": seconds,
+        "lhc_prefill_peak_bytes": held["bytes"],
         "lhc_first_prefill_s": first,
         "lhc_compile_s": compiled["seconds"],
         "lhc_decode_tokens_per_s": 1 / decode,
@@ -125,7 +132,7 @@ def _ours(ckpt, prompt: list[int], new_tokens: int, chunk: int, repeats: int) ->
 def _theirs(torch, model, prompt: list[int], new_tokens: int, chunk: int = 2048) -> dict:
     import transformers
 
-    with torch.no_grad():
+    with torch.no_grad(), bench.peak_memory() as held:
         start = time.perf_counter()
         cache = transformers.DynamicCache(config=model.config)
         for begin in range(0, len(prompt), chunk):
@@ -137,6 +144,7 @@ def _theirs(torch, model, prompt: list[int], new_tokens: int, chunk: int = 2048)
             )
             cache = out.past_key_values
         prefill_s = time.perf_counter() - start
+    with torch.no_grad():
         generated, steps = [int(out.logits[0, -1].argmax())], []
         for _ in range(new_tokens - 1):
             start = time.perf_counter()
@@ -152,6 +160,7 @@ def _theirs(torch, model, prompt: list[int], new_tokens: int, chunk: int = 2048)
     decode = float(np.mean(steps[1:])) if len(steps) > 1 else float("nan")
     return {
         "transformers_prefill_s": prefill_s,
+        "transformers_prefill_peak_bytes": held["bytes"],
         "transformers_decode_tokens_per_s": 1 / decode,
         "transformers_tokens": generated,
     }
@@ -235,6 +244,11 @@ def long_prompt_table(result: dict[str, Any]) -> str:
             **row,
             "cache_mb": row["cache_bytes"] / 1e6,
             "full_mb": row["full_cache_bytes"] / 1e6,
+            **{
+                f"{who}_peak_mb": row[f"{who}_prefill_peak_bytes"] / 1e6
+                for who in ("lhc", "transformers")
+                if row.get(f"{who}_prefill_peak_bytes") is not None
+            },
         }
         for row in result["rows"]
     ]
@@ -246,6 +260,8 @@ def long_prompt_table(result: dict[str, Any]) -> str:
             ("compile s", "lhc_compile_s", ".1f"),
             ("transformers prefill s", "transformers_prefill_s", ".1f"),
             ("prefill x", "prefill_ratio", ".2fx"),
+            ("lhc prefill peak MB", "lhc_peak_mb", ".0f"),
+            ("transformers peak MB", "transformers_peak_mb", ".0f"),
             ("of matmul rate", "fraction_of_matmul", "%"),
             ("lhc decode tok/s", "lhc_decode_tokens_per_s", ".1f"),
             ("transformers tok/s", "transformers_decode_tokens_per_s", ".1f"),

@@ -53,6 +53,7 @@ from lhc.lm.cache import (
 from lhc.lm.checkpoints import (
     Checkpoint,
     default_dtype,
+    default_layers,
     load_checkpoint,
     load_tokenizer,
     resolve_checkpoint,
@@ -162,6 +163,7 @@ __all__ = [
     "chat_prompt",
     "default_dtype",
     "generate_text",
+    "default_layers",
     "load_checkpoint",
     "pretrained",
     "resolve_checkpoint",

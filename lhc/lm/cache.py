@@ -249,7 +249,7 @@ def _store_shape(store) -> tuple[int, int, int, int, int]:
 def _new_store(config, batch_size: int, slots: int, num_layers: int):
     shape = (batch_size, config.num_kv_heads, slots, config.head_dim)
     dtype = jnp.dtype(config.dtype)
-    if getattr(config, "scan_layers", False):
+    if getattr(config, "scan_layers", False) or getattr(config, "switch_layers", False):
         return jnp.zeros((num_layers, *shape), dtype)
     return tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
 
@@ -288,6 +288,11 @@ class StoredKeys:
     @property
     def num_layers(self) -> int:
         return self.shape[0]
+
+    @property
+    def stacked_layers(self) -> bool:
+        """The layers' keys are one stacked array, which a traced layer index can address."""
+        return not isinstance(self.keys, tuple)
 
     @property
     def head_shape(self) -> tuple[int, int]:

@@ -40,6 +40,13 @@ class LMConfig(ModelConfig):
         param_dtype: storage dtype name.
         scan_layers: stack layer parameters on a leading ``layers`` axis and run the
             blocks with ``nn.scan`` (one compiled block; faster compiles for deep models).
+        switch_layers: with ``scan_layers=False`` (an array per layer), run inference as
+            one scanned block whose every product picks its layer's array with
+            ``lax.switch`` (``lhc.nn.apply_switched``): one compiled block like
+            ``scan_layers``, each weight read in place like a loop (XLA's CPU backend
+            copies a stacked layer's weights out of the scan first). Initialisation,
+            dropout, ``start_layer``, probes, collected intermediates and caches that
+            keep their layers apart run the loop.
         remat_policy: one of ``lhc.nn.REMAT_POLICIES`` (``"none"`` disables remat).
         attention_impl: name given to ``lhc.nn.dot_product_attention``.
         sliding_window: ``None``, or ``W``: a query at position ``p`` attends only to
@@ -94,6 +101,7 @@ class LMConfig(ModelConfig):
     dtype: str = "float32"
     param_dtype: str = "float32"
     scan_layers: bool = False
+    switch_layers: bool = False
     remat_policy: str = "none"
     attention_impl: str = "xla"
     sliding_window: int | None = None
@@ -136,6 +144,11 @@ class LMConfig(ModelConfig):
             raise ValueError(f"LMConfig.rope_theta must be positive, got {self.rope_theta}")
         if not self.norm_eps > 0:
             raise ValueError(f"LMConfig.norm_eps must be positive, got {self.norm_eps}")
+        if self.scan_layers and self.switch_layers:
+            raise ValueError(
+                "LMConfig.switch_layers switches among an array per layer; it needs "
+                "scan_layers=False, got both set"
+            )
         if not isinstance(self.attention_impl, str):
             raise ValueError(f"LMConfig.attention_impl must be a str, got {self.attention_impl!r}")
         if isinstance(self.dropout_rate, bool) or not 0.0 <= self.dropout_rate < 1.0:

@@ -83,6 +83,10 @@ class HybridKVCache:
         return self.full.batch_size
 
     @property
+    def stacked_layers(self) -> bool:
+        return self.full.stacked_layers and self.ring.stacked_layers
+
+    @property
     def padding_room(self) -> int:
         """The ring's (``SlidingWindowKVCache.padding_room``)."""
         return self.ring.padding_room

@@ -43,6 +43,8 @@ local layers to one global) is scanned in groups of one period ``P``
 (``config.layer_period``): ``layers/block_{j}`` with a leading ``[L // P]`` axis (layer
 ``g P + j`` at ``g``), the last ``L % P`` layers kept as ``layers_{i}``.
 ``stack_layer_params`` / ``unstack_layer_params`` convert between the layouts.
+``switch_layers=True`` keeps the ``layers_{i}`` tree and runs it as one scanned block (or
+group) that picks each layer's arrays by ``lax.switch`` (``lhc.nn.apply_switched``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from lhc.nn.linear import Embed, output_logits
 from lhc.nn.mlp import GeGLU, GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import remat_policy
+from lhc.nn.switch import apply_switched
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
 
@@ -241,6 +244,27 @@ class BlockGroup(nn.Module):
                 carry, positions, writer, probe, edits, layer
             )
         return carry, None
+
+
+def _switched_layers(model: nn.Module, carry, positions, writer, intervention):
+    """``model``'s groups of one period (its layers with ``period == 1``) as one scanned
+    ``BlockGroup`` whose parameters, an array per layer, are chosen by
+    ``lhc.nn.apply_switched``: layer ``g P + j`` is block ``j`` of group ``g``."""
+    cfg = model.config
+    params, period = model.variables["params"], cfg.layer_period
+    groups = cfg.num_layers // period
+    trees = [
+        {f"block_{j}": params[f"layers_{g * period + j}"] for j in range(period)}
+        for g in range(groups)
+    ]
+    group_module = BlockGroup(cfg, tuple(cfg.layer_window(j) for j in range(period)))
+
+    def body(carry, group):
+        return apply_switched(
+            group_module, trees, group, carry, positions, writer, None, intervention, group
+        )
+
+    return jax.lax.scan(body, carry, jnp.arange(groups, dtype=jnp.int32))[0]
 
 
 def _block_class(config: LMConfig):
@@ -432,6 +456,20 @@ class Transformer(nn.Module):
                 return init_sliding_window_cache(cfg, batch_size, window, ring)
         return init_cache(cfg, batch_size, max_len)
 
+    def _switches(self, cache, probe, start_layer) -> bool:
+        """Whether this call runs its layers through ``_switched_layers``."""
+        cfg = self.config
+        return (
+            cfg.switch_layers
+            and not self.is_initializing()
+            and not (cfg.dropout_rate and self.has_rng("train"))
+            and probe is None
+            and not isinstance(start_layer, jax.Array)
+            and not start_layer
+            and not self.is_mutable_collection("intermediates")
+            and (cache is None or getattr(cache, "stacked_layers", False))
+        )
+
     @nn.compact
     def __call__(
         self,
@@ -516,7 +554,11 @@ class Transformer(nn.Module):
 
         writer, layers = (None, None) if cache is None else cache.begin_update(positions)
         block_class = _block_class(cfg)
-        if cfg.scan_layers and cfg.layer_period == 1:
+        period = cfg.layer_period
+        rest = range(cfg.num_layers // period * period, cfg.num_layers)  # after the groups
+        if self._switches(cache, probe, start_layer):
+            x, layers = _switched_layers(self, (x, layers), positions, writer, intervention)
+        elif cfg.scan_layers and period == 1:
             (x, layers), _ = nn.scan(
                 block_class,
                 variable_axes={"params": 0, "intermediates": 0},
@@ -534,7 +576,6 @@ class Transformer(nn.Module):
             )
         elif cfg.scan_layers:
             # Groups of one period scanned (one compiled group), the rest in a loop.
-            period = cfg.layer_period
             groups = cfg.num_layers // period
             (x, layers), _ = nn.scan(
                 BlockGroup,
@@ -551,11 +592,8 @@ class Transformer(nn.Module):
                 intervention,
                 jnp.arange(groups, dtype=jnp.int32),
             )
-            for layer in range(groups * period, cfg.num_layers):
-                block = block_class(cfg, window=cfg.layer_window(layer), name=f"layers_{layer}")
-                edits = None if intervention is None else intervention.layer(layer)
-                (x, layers), _ = block((x, layers), positions, writer, probe, edits, layer)
         else:
+            rest = range(0)
             # A traced start_layer: every layer is compiled, those below it are skipped
             # at run time (one program serves every start).
             traced = isinstance(start_layer, jax.Array)
@@ -583,6 +621,10 @@ class Transformer(nn.Module):
                     )
                 else:
                     (x, layers), _ = block((x, layers), *args)
+        for layer in rest:
+            block = block_class(cfg, window=cfg.layer_window(layer), name=f"layers_{layer}")
+            edits = None if intervention is None else intervention.layer(layer)
+            (x, layers), _ = block((x, layers), positions, writer, probe, edits, layer)
 
         if last_only:
             x = x[:, -1:]

@@ -24,8 +24,10 @@ from lhc.nn.mlp import GeGLU, GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import REMAT_POLICIES, remat_policy
 from lhc.nn.rope import ROPE_TYPES, apply_rope, rope_frequencies, validate_rope_scaling
+from lhc.nn.switch import apply_switched
 
 __all__ = [
+    "apply_switched",
     # Layers.
     "Attention",
     "Einsum",

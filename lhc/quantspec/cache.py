@@ -224,6 +224,9 @@ class QuantSpecCache(InOrderSlots):
     def num_layers(self) -> int:
         return self.store["ring_k"].shape[0]
 
+    # Every store array has a leading layer axis.
+    stacked_layers = True
+
     def draft(self) -> QuantSpecCache:
         return self.replace(bits=4)
 

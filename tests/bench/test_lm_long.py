@@ -34,6 +34,11 @@ def test_prompts_prefill_and_decode_as_transformers_does(tmp_path):
     assert long["full_cache_bytes"] == 7 * 156 * slot_bytes
     assert long["cache_bytes"] == (156 + 6 * 136) * slot_bytes
     for row in (short, long):
+        # Peak memory where Linux reports it (a tiny prefill may fit in pages the
+        # process already holds: zero is possible).
+        for who in ("lhc", "transformers"):
+            held = row[f"{who}_prefill_peak_bytes"]
+            assert held is None or held >= 0
         assert row["fraction_of_matmul"] == pytest.approx(
             row["prefill_flops"] / row["lhc_prefill_s"] / (row["matmul_gflops"] * 1e9)
         )
@@ -72,3 +77,20 @@ def test_prefill_flops_count_every_matrix_and_visible_pair(window, full_layers):
     got = prefill_flops(config, length)
     assert (got["weights"], got["attention"], got["head"]) == (weights, attention, head)
     assert got["total"] == weights + attention + head
+
+
+def test_peak_memory_sees_what_a_block_holds_and_no_more():
+    import numpy as np
+
+    from lhc import bench
+
+    with bench.peak_memory() as held:
+        block = np.ones(2**25)  # 256 MiB, touched
+        del block
+    with bench.peak_memory() as idle:
+        pass
+    if held["bytes"] is None:  # no /proc: nothing to check
+        assert idle["bytes"] is None
+        return
+    assert 0.9 * 2**28 <= held["bytes"] < 2**28 + 2**26  # pages already held may serve a few
+    assert idle["bytes"] < 2**24

@@ -201,6 +201,19 @@ def test_the_hybrid_cache_decodes_as_recomputation_across_ring_wraps(tiny_gemma,
     assert isinstance(model.init_cache(2, 200), lm.HybridKVCache)
 
 
+def test_switched_layers_give_the_logits_of_the_loop(tiny_gemma):
+    """An array per layer, one compiled period choosing them by lax.switch and the
+    seventh layer looped, against the plain loop over the layers, past the window."""
+    config = tiny_gemma[0].config.replace(scan_layers=False)
+    params = lm.unstack_layer_params(tiny_gemma[1])
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (2, 40))
+    positions = np.broadcast_to(np.arange(40), (2, 40))
+    want = lm.Transformer(config).apply({"params": params}, tokens, positions)[0]
+    switched = lm.Transformer(config.replace(switch_layers=True))
+    got = switched.apply({"params": params}, tokens, positions)[0]
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
 def test_the_hybrid_cache_rolls_back_and_shares_a_prefix(tiny_gemma):
     """Truncation within the ring's headroom (speculative rollback) and repeated rows
     (a shared prefix) continue as recomputation does."""

@@ -44,6 +44,8 @@ def _positions(batch, length):
 CONFIGS = {
     "gqa": lm.LMConfig.tiny(),
     "mha_tied_bias": lm.LMConfig.tiny(num_kv_heads=4, tie_embeddings=True, qkv_bias=True),
+    # An array per layer, run as one scanned block through lax.switch.
+    "bias_switched": lm.LMConfig.tiny(qkv_bias=True, switch_layers=True),
     "mqa_llama3_scan": lm.LMConfig.tiny(
         num_kv_heads=1, rope_scaling=LLAMA3_SCALING, scan_layers=True
     ),
@@ -67,7 +69,7 @@ def test_full_forward_matches_numpy_reference(name, numpy_lm):
         np.testing.assert_allclose(logits[b], expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["gqa", "mqa_llama3_scan"])
+@pytest.mark.parametrize("name", ["gqa", "mqa_llama3_scan", "bias_switched"])
 def test_incremental_decoding_equals_full_forward(name):
     config = CONFIGS[name]
     params = random_params(config, norms=0.2)

@@ -188,3 +188,49 @@ def test_remat_policy_menu():
     assert callable(lnn.remat_policy("dots_saveable"))
     with pytest.raises(ValueError, match="remat_policy must be one of"):
         lnn.remat_policy("everything")
+
+
+class _SwitchedBlock(nn.Module):
+    """A norm (small parameters, copied out) and a biased projection (read by a branch)."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = lnn.RMSNorm(name="norm")(x)
+        wide = lnn.Einsum((16, 8192), ("embed", "mlp"), use_bias=True, name="up")("BD,DF->BF", h)
+        return x + wide[:, :16]
+
+
+def test_apply_switched_equals_applying_the_chosen_layer():
+    block, x = _SwitchedBlock(), jnp.asarray(np.random.default_rng(0).normal(size=(2, 16)))
+    layers = [nn.meta.unbox(block.init(jax.random.key(i), x))["params"] for i in range(3)]
+    layers = [  # distinct norm scales and biases too
+        jax.tree.map(lambda a, i=i: a + 0.3 * i * jnp.sin(jnp.arange(a.size)).reshape(a.shape), t)
+        for i, t in enumerate(layers)
+    ]
+    switched = jax.jit(lambda i: lnn.apply_switched(block, layers, i, x))
+    for i, params in enumerate(layers):
+        want = block.apply({"params": params}, x)
+        np.testing.assert_allclose(switched(jnp.int32(i)), want, rtol=1e-5, atol=1e-6)
+    # One switch per leaf: the norm's copies its scale, the projection's multiplies.
+    jaxpr = jax.make_jaxpr(lambda i: lnn.apply_switched(block, layers, i, x))(jnp.int32(0))
+    conds = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
+    assert [len(eqn.params["branches"]) for eqn in conds] == [3, 3]
+    products = [
+        sum(e.primitive.name == "dot_general" for e in branch.jaxpr.eqns)
+        for branch in conds[1].params["branches"]
+    ]
+    assert products == [1, 1, 1] and not any(
+        e.primitive.name == "dot_general" for e in conds[0].params["branches"][0].jaxpr.eqns
+    )
+
+
+def test_apply_switched_refuses_parameters_outside_the_leaves():
+    class Owner(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x * self.param("gain", nn.initializers.ones, (16,))
+
+    x = jnp.ones((1, 16))
+    params = Owner().init(jax.random.key(0), x)["params"]
+    with pytest.raises(Exception, match="gain"):
+        lnn.apply_switched(Owner(), [params, params], jnp.int32(0), x)
