@@ -281,12 +281,27 @@ def _status_bytes(field: str) -> int | None:
     return None
 
 
+def _release_free_memory() -> None:
+    """Returns freed heap pages to the kernel (glibc's ``malloc_trim``), so that memory an
+    earlier computation freed is not counted as resident, nor reused unseen."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def peak_memory():
     """``{"bytes": ...}``: how far the block raises this process's resident memory at its
     peak above where it started (Linux's high-water mark ``VmHWM``, reset on entry by
-    writing 5 to ``/proc/self/clear_refs``); ``None`` where the kernel offers neither."""
+    writing 5 to ``/proc/self/clear_refs``, after freed heap pages are returned to the
+    kernel); ``None`` where the kernel offers neither."""
     held: dict[str, int | None] = {"bytes": None}
+    _release_free_memory()
     try:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")

@@ -399,7 +399,9 @@ def measure_prefill_memory(name: str, prompt_len: int, chunk_size: int, impl: st
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def _format_comparison(result: dict[str, Any]) -> str:
+def comparison_table(result: dict[str, Any]) -> str:
+    """The markdown table of ``compare_with_transformers``'s result, under a line naming
+    the model, the versions and the measured bandwidth."""
     rows = [
         {**row, "variant": _variant_name(row["kernel_layout"], row["layers"])}
         for row in result["rows"]
@@ -639,7 +641,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         result["against_transformers"] = comparison
         print()
-        print(_format_comparison(comparison))
+        print(comparison_table(comparison))
     if args.prefill_len:
         memory = measure_prefill_memory(
             args.against_config, args.prefill_len, args.prefill_chunk, args.prefill_impl

@@ -6,7 +6,8 @@ The pieces, from the bottom up:
 * ``prefill(model, params, tokens, positions, cache, chunk_size=...)``: appends a
   (left-padded) prompt to a cache ``chunk_size`` tokens at a time, so the attention of one
   chunk reads the cache without materialising ``[T, S]`` scores for the whole prompt,
-  and computes logits only for the last column (the last prompt token).
+  and computes logits only for the last column (the last prompt token); the cache is
+  donated.
 * ``decode_step(model, params, tokens, positions, cache)``: one jitted step, the cache
   donated (updated in place).
 * ``decode_loop(...)``: a ``lax.while_loop`` that samples a token, records it, feeds it
@@ -170,9 +171,10 @@ def prefill_chunks(
     return logits[:, -1], cache
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames="chunk_size")
+@functools.partial(jax.jit, static_argnums=0, static_argnames="chunk_size", donate_argnames="cache")
 def prefill(model, params, tokens, positions, cache, *, chunk_size: int = DEFAULT_PREFILL_CHUNK):
-    """Jitted ``prefill_chunks``: ``(logits [B, V] of the last column, cache)``."""
+    """Jitted ``prefill_chunks``: ``(logits [B, V] of the last column, cache)``. The cache
+    is donated (filled in place, not beside a copy; do not reuse the argument)."""
     return prefill_chunks(model, params, tokens, positions, cache, chunk_size=chunk_size)
 
 
