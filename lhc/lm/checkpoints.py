@@ -91,11 +91,11 @@ def default_layers(backend: str | None = None) -> dict[str, bool]:
     ``LMConfig`` fields.
 
     XLA's CPU backend copies a stacked layer's weights out of a scan before multiplying
-    by them, which halves the speed of a batch-1 decode step that only streams weights
-    (``experiments/lm_decode``: SmolLM2 at 49% of the memory bandwidth scanned, 62% with
-    an array per layer); an array per layer chosen by ``lax.switch`` reads in place at
-    the cost of compiling a product per layer (a first ``generate`` about 10 s instead
-    of 5). On TPU and GPU the layers stay stacked and scanned (compiled once, MaxText's
+    by them, which slows a batch-1 decode step that only streams weights
+    (``experiments/lm_decode``: SmolLM2 at 49% of the memory bandwidth scanned, 60%
+    switched; a random 100M Llama 36% and 65%); an array per layer chosen by
+    ``lax.switch`` reads in place at the cost of compiling a product per layer (SmolLM2's
+    first ``generate`` 9.2 s instead of 6.3 s). On TPU and GPU the layers stay stacked and scanned (compiled once, MaxText's
     layout; not measured here).
     """
     if (backend or jax.default_backend()) == "cpu":

@@ -28,14 +28,6 @@ from lhc.nn.norms import LayerNorm, RMSNorm
 # switch over the layers.
 PARAMETER_LEAVES = (Einsum, RMSNorm, LayerNorm)
 
-# A leaf whose parameters are this small (a norm's scale) has them copied out by the
-# switch and runs once, instead of once per branch: fewer operations to compile.
-SMALL_PARAMS_BYTES = 64 * 1024
-
-
-def _nbytes(tree) -> int:
-    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
-
 
 def apply_switched(
     module: nn.Module,
@@ -49,8 +41,7 @@ def apply_switched(
 
     Every call of a ``leaves`` module inside ``module`` runs as
     ``jax.lax.switch(index, [that call with its parameters in trees[i] ...])``, each
-    branch reading its own arrays; a leaf with at most ``SMALL_PARAMS_BYTES`` of
-    parameters runs once, on parameters the switch copies out.
+    branch reading its own arrays.
 
     Args:
         module: an unbound module whose parameters live only in ``leaves`` modules.
@@ -71,9 +62,6 @@ def apply_switched(
             return next_fun(*call_args, **call_kwargs)
         unbound = inner.clone(parent=None)
         choices = [functools.reduce(operator.getitem, inner.path, tree) for tree in trees]
-        if _nbytes(choices[0]) <= SMALL_PARAMS_BYTES:  # copy the chosen parameters
-            params = jax.lax.switch(index, [lambda params=params: params for params in choices])
-            return unbound.apply({"params": params}, *call_args, **call_kwargs)
 
         def branch(params):
             return lambda: unbound.apply({"params": params}, *call_args, **call_kwargs)

@@ -191,7 +191,7 @@ def test_remat_policy_menu():
 
 
 class _SwitchedBlock(nn.Module):
-    """A norm (small parameters, copied out) and a biased projection (read by a branch)."""
+    """A norm and a biased projection, each run by a branch per layer."""
 
     @nn.compact
     def __call__(self, x):
@@ -211,7 +211,7 @@ def test_apply_switched_equals_applying_the_chosen_layer():
     for i, params in enumerate(layers):
         want = block.apply({"params": params}, x)
         np.testing.assert_allclose(switched(jnp.int32(i)), want, rtol=1e-5, atol=1e-6)
-    # One switch per leaf: the norm's copies its scale, the projection's multiplies.
+    # One switch per leaf, each branch the leaf's call: the projection's one product.
     jaxpr = jax.make_jaxpr(lambda i: lnn.apply_switched(block, layers, i, x))(jnp.int32(0))
     conds = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "cond"]
     assert [len(eqn.params["branches"]) for eqn in conds] == [3, 3]
