@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 
 class AttentionImpl(Protocol):
@@ -168,10 +169,25 @@ def _masked_logits(
     """float32 scores ``[B, K, G, T, S]`` of ``rows [B, K, G * T, H]`` against heads-major
     ``keys [B, K, S, H]``, masked positions filled with the float32 minimum, and the
     mask (``_segment_mask``)."""
-    batch, num_kv_heads, _, _ = rows.shape
-    length = query_positions.shape[1]
-    group = rows.shape[2] // length
     scores = jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+    return _masked_scores(
+        scores,
+        key_positions,
+        extra,
+        query_positions,
+        scale=scale,
+        window=window,
+        alibi_slopes=alibi_slopes,
+    )
+
+
+def _masked_scores(
+    scores, key_positions, extra, query_positions, *, scale, window, alibi_slopes
+) -> tuple[jax.Array, jax.Array]:
+    """``_masked_logits`` from the products ``scores`` float32 ``[B, K, G * T, S]``."""
+    batch, num_kv_heads, _, _ = scores.shape
+    length = query_positions.shape[1]
+    group = scores.shape[2] // length
     scores = scores.reshape(batch, num_kv_heads, group, length, -1) * jnp.float32(scale)
     if alibi_slopes is not None:
         per_head = key_positions if key_positions.ndim == 3 else key_positions[:, None]
@@ -188,9 +204,68 @@ def _inverse(total: jax.Array) -> jax.Array:
     return jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
 
 
+class BlockedKeys(Protocol):
+    """A key/value segment that ``attention_with_blocked_prefix`` reads block by block
+    through its own arithmetic: keys and values held in another form than plain arrays
+    (QuantSpec's quantized store), turned into products one block at a time so that the
+    whole segment is never expanded at once. Forward only (the loop's bounds are traced).
+
+    Attributes:
+        positions: int ``[B, M]`` or ``[B, K, M]``, the position of each slot (-1: empty).
+        num_kv_heads: K.
+        dtype: the dtype of the attention output.
+    """
+
+    positions: jax.Array
+    num_kv_heads: int
+    dtype: Any
+
+    def scores(self, rows: jax.Array, start: jax.Array, size: int) -> jax.Array:
+        """float32 ``[B, K, Q, size]``: ``rows [B, K, Q, H]`` times the keys of slots
+        ``start .. start + size - 1`` (unscaled)."""
+        ...
+
+    def weighted(self, weights: jax.Array, start: jax.Array, size: int) -> jax.Array:
+        """float32 ``[B, K, Q, H]``: ``weights [B, K, Q, size]`` times those slots' values."""
+        ...
+
+    def mask(self, start: jax.Array, size: int) -> jax.Array | None:
+        """``None`` or bool ``[B, T, size]``: which of those slots each query may see
+        besides the position mask."""
+        ...
+
+
+@struct.dataclass
+class _PlainKeys:
+    """``BlockedKeys`` over heads-major arrays ``[B, K, M, H]``."""
+
+    keys: jax.Array
+    values: jax.Array
+    positions: jax.Array
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    def scores(self, rows, start, size):
+        keys = jax.lax.dynamic_slice_in_dim(self.keys, start, size, axis=-2)
+        return jnp.einsum("BKQH,BKSH->BKQS", rows, keys, preferred_element_type=jnp.float32)
+
+    def weighted(self, weights, start, size):
+        values = jax.lax.dynamic_slice_in_dim(self.values, start, size, axis=-2)
+        return weighted_values(weights, jnp.swapaxes(values, 1, 2))
+
+    def mask(self, start, size):
+        return None
+
+
 def attention_with_blocked_prefix(
     query: jax.Array,
-    prefix: tuple[jax.Array, jax.Array, jax.Array],
+    prefix: tuple[jax.Array, jax.Array, jax.Array] | BlockedKeys,
     segments: Sequence[tuple[jax.Array, ...]],
     query_positions: jax.Array,
     *,
@@ -211,25 +286,29 @@ def attention_with_blocked_prefix(
     ``>= 0`` and, with a window, ``> min(query positions) - W``): run-time bounds, so one
     program serves every fill. The softmax is online, shared with the other segments
     (read densely). Equal to ``attention_segments(query, [prefix, *segments], ...)``,
-    which its gradient differentiates (the loop's bounds are traced; the backward pass
-    reads the prefix densely).
+    which its gradient differentiates for a plain prefix (the loop's bounds are traced;
+    the backward pass reads the prefix densely).
 
     Args:
         query: ``[B, T, N, H]``.
         prefix: ``(keys [B, K, M, H], values [B, K, M, H], positions)``, heads-major (a
-            cache's own layout), positions int ``[B, K, M]`` or ``[B, M]``.
+            cache's own layout), positions int ``[B, K, M]`` or ``[B, M]``; or a
+            ``BlockedKeys`` (not differentiable).
         segments: as for ``attention_segments`` (token-major keys and values).
         query_positions: int ``[B, T]``.
         scale, window, alibi_slopes: as for ``attention_segments``.
-        block: prefix slots per step of the loop (the prefix is padded with empty slots
-            to a multiple of it).
+        block: prefix slots per step of the loop (the last block starts early where the
+            prefix is not a whole number of blocks; a ``BlockedKeys`` gets block starts
+            that are multiples of ``M - block`` or of ``block``).
 
     Returns:
         ``[B, T, N, H]`` in the prefix values' dtype.
     """
-    # Static settings of the custom_vjp, hashable: the slopes as a tuple of floats.
+    # Static settings, hashable: the slopes as a tuple of floats.
     slopes = None if alibi_slopes is None else tuple(np.asarray(alibi_slopes, float).tolist())
     static = (float(scale), window, slopes, int(block))
+    if not isinstance(prefix, tuple):
+        return _blocked_prefix_forward(query, prefix, tuple(segments), query_positions, static)
     return _blocked_prefix(query, prefix, tuple(segments), query_positions, static)
 
 
@@ -248,11 +327,11 @@ def _dense_prefix(query, prefix, segments, query_positions, static):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _blocked_prefix(query, prefix, segments, query_positions, static):
-    return _blocked_prefix_forward(query, prefix, segments, query_positions, static)
+    return _blocked_prefix_forward(query, _PlainKeys(*prefix), segments, query_positions, static)
 
 
 def _blocked_prefix_fwd(query, prefix, segments, query_positions, static):
-    out = _blocked_prefix_forward(query, prefix, segments, query_positions, static)
+    out = _blocked_prefix(query, prefix, segments, query_positions, static)
     return out, (query, prefix, segments, query_positions)
 
 
@@ -267,12 +346,12 @@ def _blocked_prefix_bwd(static, residuals, cotangent):
 _blocked_prefix.defvjp(_blocked_prefix_fwd, _blocked_prefix_bwd)
 
 
-def _blocked_prefix_forward(query, prefix, segments, query_positions, static):
+def _blocked_prefix_forward(query, prefix: BlockedKeys, segments, query_positions, static):
     scale, window, slopes, block = static
     alibi_slopes = _slopes(slopes)
-    keys, values, positions = prefix
-    batch, length, _, head_dim = query.shape
-    num_kv_heads, slots = keys.shape[1], keys.shape[2]
+    positions = prefix.positions
+    batch, length, num_heads, head_dim = query.shape
+    num_kv_heads, slots = prefix.num_kv_heads, positions.shape[-1]
     block = min(block, slots)
     rows = _query_rows(query, num_kv_heads)
     settings = dict(scale=scale, window=window, alibi_slopes=alibi_slopes)
@@ -309,27 +388,30 @@ def _blocked_prefix_forward(query, prefix, segments, query_positions, static):
     # slice is clamped into the array; padding it would copy the store): its slots
     # before i * block, read by the block before, are masked as empty.
     start = lambda i: jnp.minimum(i * block, slots - block)
-    take = lambda x, i: jax.lax.dynamic_slice_in_dim(x, start(i), block, axis=-2)
 
     def step(i, state):
         top, total, acc = state
         block_positions = jax.lax.dynamic_slice_in_dim(positions, start(i), block, axis=-1)
         fresh = start(i) + jnp.arange(block) >= i * block
         block_positions = jnp.where(fresh, block_positions, -1)
-        logits, _ = _masked_logits(
-            rows, take(keys, i), block_positions, None, query_positions, **settings
+        logits, _ = _masked_scores(
+            prefix.scores(rows, start(i), block),
+            block_positions,
+            prefix.mask(start(i), block),
+            query_positions,
+            **settings,
         )
         new_top = jnp.maximum(top, jnp.max(logits, axis=-1, keepdims=True))
         rescale = jnp.exp(top - new_top)
         weights = jnp.exp(logits - new_top)
         total = total * rescale + jnp.sum(weights, axis=-1, keepdims=True)
-        part = weighted_values(flat(weights), jnp.swapaxes(take(values, i), 1, 2))
+        part = prefix.weighted(flat(weights), start(i), block)
         return new_top, total, acc * flat(rescale) + part
 
     top, total, acc = jax.lax.fori_loop(first, last, step, (top, total, acc))
     seen = top > jnp.finfo(jnp.float32).min
     out = acc * flat(jnp.where(seen, _inverse(total), 0.0))
-    return _query_layout(out, length).astype(values.dtype)
+    return _query_layout(out, length).astype(prefix.dtype)
 
 
 def _visible_blocks(positions, query_positions, window, block) -> tuple[jax.Array, jax.Array]:

@@ -48,8 +48,8 @@ from lhc.lm.cache import (
     is_concrete,
 )
 from lhc.nn.attention import ordered_after, write_slots
-from lhc.nn.attention_ops import attention_segments
-from lhc.quantspec.quantize import Quantized, dequantize, quantize
+from lhc.nn.attention_ops import attention_with_blocked_prefix
+from lhc.quantspec.quantize import quantize
 
 _CODES = ("k_upper", "k_lower", "v_upper", "v_lower")
 _STORE_ORDER = ("k_upper", "k_lower", "k_scale", "k_min", "v_upper", "v_lower", "v_scale", "v_min")
@@ -100,41 +100,20 @@ class _QuantView:
     new_keys: jax.Array
     new_values: jax.Array
 
-    def _store(self, prefix: str) -> jax.Array:
-        w, g = self.writer, self.writer.group_size
-        part = lambda name: self.layers[f"{prefix}_{name}"][self.layer]  # noqa: E731
-        q = Quantized(
-            upper=part("upper"),
-            lower=part("lower"),
-            scale=part("scale"),
-            minimum=part("min"),
-            group_axis=2 if prefix == "k" else 3,
-            group_size=g,
-        )
-        return jnp.swapaxes(dequantize(q, bits=w.bits), 1, 2)  # [B, S, K, H]
-
     def attend(self, query, query_positions, *, impl, window, dtype, alibi_slopes=None):
         if impl == "pallas":
             return self._attend_pallas(query, query_positions, window, dtype, alibi_slopes)
         w = self.writer
-        slots = jnp.arange(w.store_positions.shape[1], dtype=jnp.int32)
-        store_mask = slots[None, None, :] < w.read_cut[:, :, None]
-        segments = [
-            (
-                self._store("k").astype(dtype),
-                self._store("v").astype(dtype),
-                w.store_positions,
-                store_mask,
-            ),
-            *self._buffer_segments(dtype),
-        ]
-        return attention_segments(
+        block = min(STORE_BLOCK // w.group_size * w.group_size, w.store_positions.shape[1])
+        return attention_with_blocked_prefix(
             query.astype(dtype),
-            segments,
+            _StoreBlocks.of(self, dtype),
+            self._buffer_segments(dtype),
             query_positions,
             scale=query.shape[-1] ** -0.5,
             window=window,
             alibi_slopes=alibi_slopes,
+            block=max(block, w.group_size),
         )
 
     def _buffer_segments(self, dtype):
@@ -174,6 +153,107 @@ class _QuantView:
             w.read_cut,
         )
         return merge_attention([stored, recent]).astype(dtype)
+
+
+# Slots of the quantized store read per step of the XLA path's loop (rounded down to a
+# multiple of G): one block's codes are widened to float32 at a time, never the whole
+# store. On a 2-core CPU, 30 layers of SmolLM2's shape at 8K in a loop of blocks cost
+# about 1.5x in blocks of 512 what they cost in blocks of 4,096 (each step of the loop
+# has its cost); one block of all 8K was not faster.
+STORE_BLOCK = 4096
+
+
+def _code(upper: jax.Array, lower: jax.Array, bits: int) -> jax.Array:
+    """float32 ``U`` (``bits=4``) or ``U + (Lo - 8) / 16`` (``bits=8``) from 4-bit codes:
+    a value is then ``m + s * code`` (``lhc.quantspec.quantize``)."""
+    code = upper.astype(jnp.float32)
+    if bits == 8:
+        code = code + lower.astype(jnp.float32) * (1 / 16) - 0.5
+    return code
+
+
+@struct.dataclass
+class _StoreBlocks:
+    """One layer's quantized store as ``BlockedKeys``: a block's codes widened to
+    float32 (``m + s * code``) while in cache, the even and the odd channels (the low
+    and the high nibbles) apart, never interleaved: the queries are split the same way
+    and the weighted values put back together, both a few rows. Slices read the stacked
+    store at ``(layer, block)``: a scanned layer copies out no whole layer."""
+
+    store: dict
+    layer: Any
+    positions: jax.Array  # int32 [B, S], -1 from the last slot any query reads quantized
+    read_cut: jax.Array  # int32 [B, T]
+    num_kv_heads: int = struct.field(pytree_node=False)
+    group_size: int = struct.field(pytree_node=False)
+    bits: int = struct.field(pytree_node=False)
+    dtype: Any = struct.field(pytree_node=False)
+
+    @classmethod
+    def of(cls, view: _QuantView, dtype) -> _StoreBlocks:
+        w = view.writer
+        slots = jnp.arange(w.store_positions.shape[1], dtype=jnp.int32)[None, :]
+        read = slots < jnp.max(w.read_cut, axis=1, keepdims=True)
+        return cls(
+            store=view.layers,
+            layer=view.layer,
+            positions=jnp.where(read, w.store_positions, -1),
+            read_cut=w.read_cut,
+            num_kv_heads=view.layers["ring_k"].shape[2],
+            group_size=w.group_size,
+            bits=w.bits,
+            dtype=jnp.dtype(dtype),
+        )
+
+    def _slice(self, name: str, start, size: int) -> jax.Array:
+        """``store[name][layer][:, :, start : start + size]``, read in place."""
+        x = self.store[name]
+        corner = (self.layer, 0, 0, start, 0)
+        return jax.lax.dynamic_slice(x, corner, (1, *x.shape[1:3], size, x.shape[4]))[0]
+
+    def _block(self, prefix: str, start, size: int) -> tuple[jax.Array, jax.Array]:
+        """float32 ``[B, K, size, H / 2]``: the even and the odd channels of slots
+        ``start ..`` (the low and the high nibbles, never interleaved)."""
+        g = self.group_size
+        upper = self._slice(f"{prefix}_upper", start, size)
+        lower = self._slice(f"{prefix}_lower", start, size)
+        batch, heads, _, half = upper.shape
+        if prefix == "k":  # a scale per channel and group of G slots: [B, K, size / G, H]
+            first, count = start // g, size // g
+            shape = (batch, heads, size // g, g, half)
+        else:  # a scale per slot and group of G channels: [B, K, size, H / G]
+            first, count = start, size
+            shape = (batch, heads, size, half // (g // 2), g // 2)
+        scale, minimum = (
+            self._slice(f"{prefix}_{name}", first, count).astype(jnp.float32)
+            for name in ("scale", "min")
+        )
+
+        def of_parity(x, parity):  # a key's channel 2i + parity; a value's group
+            return x[:, :, :, None, parity::2] if prefix == "k" else x[..., None]
+
+        halves = []
+        planes = ((upper & 0xF, lower & 0xF), (upper >> 4, lower >> 4))
+        for parity, (u, lo) in enumerate(planes):
+            code = _code(u, lo, self.bits).reshape(shape)
+            value = of_parity(minimum, parity) + of_parity(scale, parity) * code
+            halves.append(value.reshape(batch, heads, size, half))
+        return halves[0], halves[1]
+
+    def scores(self, rows, start, size):
+        even, odd = self._block("k", start, size)
+        rows = rows.astype(jnp.float32)
+        out = jnp.einsum("bkqh,bksh->bkqs", rows[..., 0::2], even)
+        return out + jnp.einsum("bkqh,bksh->bkqs", rows[..., 1::2], odd)
+
+    def weighted(self, weights, start, size):
+        even, odd = self._block("v", start, size)
+        parts = [jnp.einsum("bkqs,bksh->bkqh", weights, x) for x in (even, odd)]
+        return jnp.stack(parts, axis=-1).reshape(*weights.shape[:3], -1)
+
+    def mask(self, start, size):
+        slots = start + jnp.arange(size, dtype=jnp.int32)
+        return slots[None, None, :] < self.read_cut[:, :, None]
 
 
 def _ring_slots(lengths: jax.Array, ring: int) -> jax.Array:

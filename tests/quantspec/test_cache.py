@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lhc import lm
+from lhc.quantspec import cache as quantspec_cache
 from lhc.quantspec import dequantize, quantize
 from lhc.quantspec.cache import cutoff, init_cache, kv_bytes_per_token
 
@@ -61,8 +62,21 @@ def full_precision_kv(params, toks):
     return cache.keys[0][:, :, :n], cache.values[0][:, :, :n]
 
 
+@pytest.fixture(params=[None, 8], ids=["one_block", "blocks_of_8"])
+def store_block(request, monkeypatch):
+    """The XLA path's store block: the default (one block here) or 8 slots, so that the
+    16 quantized slots a step reads take two steps of the loop."""
+    if request.param is not None:
+        monkeypatch.setattr(quantspec_cache, "STORE_BLOCK", request.param)
+        jax.clear_caches()  # the jitted calls above hold the default's programs
+    yield request.param
+    if request.param is not None:
+        monkeypatch.undo()
+        jax.clear_caches()
+
+
 @pytest.mark.parametrize("bits", [8, 4])
-def test_a_step_attends_to_the_dequantized_prefix_and_the_recent_tokens(params, bits):
+def test_a_step_attends_to_the_dequantized_prefix_and_the_recent_tokens(params, bits, store_block):
     n = 23  # the next query's slot: Q(23) = 16 slots read quantized, 7 at full precision
     prompt = tokens(n + 1)
     cache = init_cache(CONFIG, 2, 64, group_size=G, max_call=4)
