@@ -331,7 +331,7 @@ def _blocked_prefix(query, prefix, segments, query_positions, static):
 
 
 def _blocked_prefix_fwd(query, prefix, segments, query_positions, static):
-    out = _blocked_prefix(query, prefix, segments, query_positions, static)
+    out = _blocked_prefix_forward(query, _PlainKeys(*prefix), segments, query_positions, static)
     return out, (query, prefix, segments, query_positions)
 
 
