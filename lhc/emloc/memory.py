@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec
 
 from lhc.lm.cache import CACHE_LAYER_KV_AXES, KVCache, init_cache
 from lhc.nn.attention import KVView
-from lhc.nn.attention_ops import attention_with_blocked_prefix
+from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 
 # Memory slots are allocated in multiples of this, so that a memory growing chunk by
 # chunk reuses compiled programs.

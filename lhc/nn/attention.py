@@ -32,11 +32,11 @@ from lhc.nn.attention_ops import (
     _check_attention_inputs,
     alibi_slopes,
     attention_segments,
-    attention_with_blocked_prefix,
     banded_self_attention,
     dot_product_attention,
     segment_weights,
 )
+from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 from lhc.nn.linear import Einsum
 from lhc.nn.norms import RMSNorm
 from lhc.nn.rope import apply_rope, rope_frequencies

@@ -48,7 +48,7 @@ from lhc.lm.cache import (
     is_concrete,
 )
 from lhc.nn.attention import ordered_after, write_slots
-from lhc.nn.attention_ops import attention_with_blocked_prefix
+from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 from lhc.quantspec.quantize import quantize
 
 _CODES = ("k_upper", "k_lower", "v_upper", "v_lower")

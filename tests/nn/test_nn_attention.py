@@ -246,7 +246,7 @@ def test_banded_self_attention_equals_windowed_attention(window, block):
 
 @pytest.mark.parametrize("alibi", [False, True])
 def test_attention_with_blocked_prefix_matches_brute_force_and_skips_empty_blocks(alibi):
-    from lhc.nn.attention_ops import attention_with_blocked_prefix
+    from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 
     rng = np.random.default_rng(7)
     batch, length, num_heads, num_kv_heads, head_dim, slots, new = 2, 4, 4, 2, 4, 21, 3
@@ -299,7 +299,8 @@ def test_blocked_prefix_reads_only_the_window_and_differentiates_like_the_dense_
     """A cache in slot order read by a chunk of later tokens with a window: the blocks
     wholly before the window (NaN here) are never read, the result is brute force's, and
     the gradient is the dense path's."""
-    from lhc.nn.attention_ops import attention_segments, attention_with_blocked_prefix
+    from lhc.nn.attention_ops import attention_segments
+    from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 
     rng = np.random.default_rng(3)
     batch, num_heads, num_kv_heads, head_dim, slots, new, window = 2, 4, 2, 4, 43, 4, 9
