@@ -13,6 +13,7 @@ takes either.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -21,6 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from lhc.lm import hf
+from lhc.lm.config import LMConfig
+from lhc.lm.hf_config import config_from_hf
 from lhc.lm.model import Transformer
 from lhc.lm.pretrained_models import MODELS, pretrained
 from lhc.lm.tokenizers import HFTokenizer, Tokenizer
@@ -84,6 +87,28 @@ def load_tokenizer(path: str | os.PathLike) -> HFTokenizer:
 
         return gguf.load_tokenizer(path)
     return HFTokenizer.from_file(path)
+
+
+def checkpoint_config(checkpoint: str | os.PathLike, **overrides: Any) -> LMConfig:
+    """The ``LMConfig`` of a checkpoint (``resolve_checkpoint``'s names and paths) read
+    from its metadata alone (``config.json``, or the GGUF header), no weights loaded;
+    ``overrides`` are further fields.
+
+    Raises:
+        FileNotFoundError, ValueError: as ``load_checkpoint``.
+    """
+    path = resolve_checkpoint(checkpoint)
+    if path.endswith(".gguf"):
+        from lhc.lm import gguf
+
+        hf_config = gguf.hf_config(path)
+    else:
+        config_path = os.path.join(path, "config.json")
+        if not os.path.exists(config_path):
+            raise FileNotFoundError(f"no config.json in {path}")
+        with open(config_path) as f:
+            hf_config = json.load(f)
+    return config_from_hf(hf_config, **overrides)
 
 
 def default_layers(backend: str | None = None) -> dict[str, bool]:

@@ -404,6 +404,12 @@ def _hf_tensors(file: GGUFFile, hf_config: dict[str, Any]) -> dict[str, _Dequant
     return out
 
 
+def hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` dict that the GGUF file at ``path`` describes (read from its
+    header; no tensor is read)."""
+    return _hf_config(read_gguf(path))
+
+
 def load(
     path: str | os.PathLike,
     dtype: Any = jnp.float32,

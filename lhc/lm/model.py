@@ -67,6 +67,7 @@ from lhc.lm.cache import (
 )
 from lhc.lm.config import LMConfig
 from lhc.lm.hybrid_cache import HybridKVCache, check_hybrid_cache, init_hybrid_cache
+from lhc.lm.packing import PackedWriter
 from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.config import register_model
 from lhc.nn.intervention import Intervention, apply_edit
@@ -484,6 +485,7 @@ class Transformer(nn.Module):
         start_layer: int | jax.Array = 0,
         probe: jax.Array | None = None,
         logits_at: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, Cache | None]:
         """Runs the model on ``T`` new tokens per sequence.
 
@@ -512,6 +514,9 @@ class Transformer(nn.Module):
             logits_at: ``None`` or int ``[B, Q]`` indices into ``T``: compute the logits
                 of those columns only (``[B, Q, V]``; scoring a few answer tokens of
                 long rows).
+            segment_ids: ``None`` or int32 ``[B, T]``, without a cache: rows that pack
+                several documents, each token attending only to those with its id
+                (``lhc.lm.packing``; ``attention_impl="xla"``).
 
         Returns:
             ``(logits, cache)``: float32 ``[B, T, V]`` and the updated cache (``None`` if
@@ -553,6 +558,13 @@ class Transformer(nn.Module):
         x = nn.with_logical_constraint(residual_dropout(self, cfg, x), _RESIDUAL_AXES)
 
         writer, layers = (None, None) if cache is None else cache.begin_update(positions)
+        if segment_ids is not None:
+            if cache is not None or segment_ids.shape != positions.shape:
+                raise ValueError(
+                    f"segment_ids: expected int [B, T] = {tuple(positions.shape)} and no cache, "
+                    f"got shape {tuple(segment_ids.shape)} and cache {type(cache).__name__}"
+                )
+            writer = PackedWriter(positions, segment_ids.astype(jnp.int32))
         block_class = _block_class(cfg)
         period = cfg.layer_period
         rest = range(cfg.num_layers // period * period, cfg.num_layers)  # after the groups

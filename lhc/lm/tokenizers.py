@@ -281,6 +281,24 @@ class HFTokenizer:
             **specials,
         )
 
+    def save(self, directory: str | os.PathLike) -> str:
+        """Writes ``tokenizer.json`` and ``tokenizer_config.json`` (special tokens, chat
+        template, ``add_bos_token``) into ``directory``, which ``from_file`` and
+        ``transformers.AutoTokenizer`` read back; returns the directory."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        self._tokenizer.save(os.path.join(directory, "tokenizer.json"))
+        config = {
+            **self.special_tokens_map,
+            "add_bos_token": self.add_bos_token,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        }
+        if self._chat_template is not None:
+            config["chat_template"] = self._chat_template
+        with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        return directory
+
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)

@@ -28,9 +28,11 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     config.max_checkpoints_to_keep = 2
     config.async_checkpointing = True
     config.progress_bar = True
-    # A fresh run may start from the parameters of another run's checkpoint (fine-tuning):
-    # "WORKDIR" (its latest step) or "WORKDIR:STEP"; the model must have the same
-    # parameter shapes. The optimizer starts anew. Ignored when resuming.
+    # A fresh run may start from other parameters (fine-tuning): a pretrained model's
+    # name, a Hugging Face directory, a .gguf file, or another run as "WORKDIR" (its
+    # latest step) or "WORKDIR:STEP" (lhc.train.init_from). The optimizer starts anew.
+    # Ignored when resuming. init_params_from: the same key, as earlier runs recorded it.
+    config.init_from = None
     config.init_params_from = None
     config.tensorboard = True
     # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.

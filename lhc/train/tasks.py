@@ -28,6 +28,7 @@ from lhc.data.iterators import DataIterator, IndexedIterator
 # Shared tasks only; a method names its task in its config by import path.
 _BUILTIN_TASKS = {
     "causal_lm": "lhc.train.causal_lm:CausalLMTask",
+    "finetune": "lhc.train.finetune:FineTuneTask",
     "passkey": "lhc.train.passkey:PasskeyTask",
     "text_lm": "lhc.train.text_lm:TextLMTask",
 }

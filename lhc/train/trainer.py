@@ -27,7 +27,9 @@ import optax
 import tqdm
 
 from lhc import parallel
+from lhc.lm.config import LMConfig
 from lhc.train import config as config_lib
+from lhc.train import init_from
 from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint, array_paths, state_differences
 from lhc.train.metrics import MetricWriter
 from lhc.train.optim import make_optimizer
@@ -252,22 +254,30 @@ def train_and_evaluate(
     """
     check_workdir(workdir)  # the config is checked by build_experiment, before building
     parallel.maybe_initialize_distributed()
+    config, overrides = init_from.resolve(config, workdir)
     exp = build_experiment(config)
     num_steps = int(config.num_steps)
     state = exp.init_state(int(config.seed))
     data = exp.task.train_iterator(jax.process_index(), jax.process_count())
+    source = init_from.source_spec(config)
+    fresh = "://" not in workdir and not os.path.isdir(os.path.join(workdir, "checkpoints"))
+    if source is not None and fresh:  # refused here, before the workdir is written
+        state = _init_params_from(exp, state, init_from.parse_source(source))
     checkpointer = _checkpointer(config, workdir)
     closers = [checkpointer.close]
     try:
         resumed = _restore_newest_readable(config, workdir, checkpointer, state)
-        if jax.process_index() == 0:  # only now: a refused resume leaves the record as it was
+        source = None if resumed else source
+        if source is not None and not fresh:
+            state = _init_params_from(exp, state, init_from.parse_source(source))
+        if jax.process_index() == 0:  # only now: a refused start leaves the record as it was
+            if source is not None:
+                init_from.record(init_from.parse_source(source), config, workdir, overrides)
             config_lib.save_run_config(config, workdir, command or shlex.join(sys.argv))
         if resumed is not None:
             latest, state, data_state = resumed
             data.set_state(data_state)
             log.info("resumed from step %d in %s", latest, workdir)
-        elif config.get("init_params_from"):
-            state = _init_params_from(exp, state, str(config.init_params_from))
         start_step = int(jax.device_get(state["step"]))
         writer = MetricWriter(
             workdir, tensorboard=bool(config.get("tensorboard", True)), resume_step=start_step
@@ -392,34 +402,47 @@ def _check_resumable(config, workdir: str, checkpointer: Checkpointer, step: int
         f"this config builds ({len(differences)} arrays differ, e.g. {differences[0]})"
         f"{keys if changed else ''}. Nothing was changed there. Resume with the run's own "
         f"config, or start a new run in another --workdir (to fine-tune from this one: "
-        f"--config.init_params_from={workdir})"
+        f"--config.init_from={workdir})"
     )
 
 
-def _init_params_from(exp: Experiment, state, source: str):
-    """``state`` with the parameters of the checkpoint ``source`` ("WORKDIR" for its
-    latest step, or "WORKDIR:STEP") and the optimizer state initialised for them."""
-    workdir, step = source, None
-    head, _, tail = source.rpartition(":")
-    if head and tail.isdigit():
-        workdir, step = head, int(tail)
-    directory = os.path.join(workdir, "checkpoints")
+def _init_params_from(exp: Experiment, state, source: init_from.Source):
+    """``state`` with the parameters of ``source`` (an lhc run's checkpoint, or a
+    pretrained checkpoint in the run model's layout) and the optimizer state
+    initialised for them."""
+    if source.kind == "checkpoint":
+        model_config = getattr(exp.task.model, "config", None)
+        if not isinstance(model_config, LMConfig):
+            raise ValueError(
+                f"config.init_from {source.spec!r}: a pretrained checkpoint loads into an "
+                f"lhc.lm.Transformer, the task's model is a {type(exp.task.model).__name__}"
+            )
+        params = init_from.load_params(source, model_config, state["params"])
+        log.info("parameters from %s (%s)", source.spec, source.path)
+    else:
+        params = _run_params(source, state)
+    opt_state = jax.jit(exp.optimizer.init, out_shardings=exp.state_shardings["opt_state"])(params)
+    return dict(state, params=params, opt_state=opt_state)
+
+
+def _run_params(source: init_from.Source, state):
+    """The parameters of the lhc run ``source`` at its step (latest when None)."""
+    directory = os.path.join(source.path, "checkpoints")
     checkpointer = Checkpointer(directory, read_only=True)
     try:
-        if step is None and checkpointer.latest_step() is None:
+        if source.step is None and checkpointer.latest_step() is None:
             raise FileNotFoundError(
-                f"config.init_params_from {source!r} holds no checkpoint (looked in {directory!r})"
+                f"config.init_from {source.spec!r} holds no checkpoint (looked in {directory!r})"
             )
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
             state["params"],
         )
-        params, step = checkpointer.restore_params(step, abstract)
+        params, step = checkpointer.restore_params(source.step, abstract)
     finally:
         checkpointer.close()
-    opt_state = jax.jit(exp.optimizer.init, out_shardings=exp.state_shardings["opt_state"])(params)
-    log.info("parameters from step %d of %s", step, workdir)
-    return dict(state, params=params, opt_state=opt_state)
+    log.info("parameters from step %d of %s", step, source.path)
+    return params
 
 
 def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=()) -> dict[str, Any]:

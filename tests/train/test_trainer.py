@@ -152,7 +152,7 @@ def test_init_params_from_another_run(tmp_path, straight_run):
     _, want, _ = train.restore_params(_config(), str(source), step=3)
     got, _ = _params(step3, tmp_path / "step3")
     jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(want))
-    with pytest.raises(FileNotFoundError, match="init_params_from"):
+    with pytest.raises(FileNotFoundError, match="config.init_from .* not an lhc run"):
         train.train_and_evaluate(
             _config(f"init_params_from={tmp_path / 'none'}"), str(tmp_path / "bad")
         )
@@ -170,7 +170,7 @@ def test_a_resume_with_another_model_changes_nothing(tmp_path, straight_run):
     message = str(caught.value)
     assert "holds another train state than this config builds" in message
     assert "layers_1" in message and "model.num_layers: 1 -> 2" in message
-    assert "--config.init_params_from=" in message and "\n" not in message
+    assert "--config.init_from=" in message and "\n" not in message
     assert (tmp_path / "run" / "config.json").read_text() == record
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run").rglob("*")) == listing
     # A compatible change (more steps) resumes and is recorded.

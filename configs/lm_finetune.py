@@ -1,0 +1,67 @@
+r"""Fine-tune a pretrained decoder LM on your own text files.
+
+    lhc train --config configs/lm_finetune.py --workdir /tmp/ft \
+        --config.init_from=smollm2-135m-instruct --config.data.paths=notes.txt
+
+``init_from``: a pretrained model's name (``lhc.lm.pretrained_models``), a Hugging Face
+directory, a ``.gguf`` file, or an lhc run (``WORKDIR[:STEP]``). The model's fields left
+``None`` below come from the checkpoint; set any of them to change it, e.g.
+``--config.model.max_len=16384`` (the changes are listed in ``WORKDIR/init_from.json``).
+``data.paths``: text files and folders, comma-separated, one document per file (or per
+``data.separator``-delimited part); the last ``data.eval_fraction`` of each document is
+held out for the eval loss.
+
+The default is CPU-sized: windows of 256 tokens, 8 per step, 200 steps at a learning
+rate of 2e-5 after a warm-up, float32.
+"""
+
+import dataclasses
+
+import ml_collections
+
+from lhc.lm.config import LMConfig
+from lhc.train.config import base_config, parse_arg
+from lhc.train.optim import adamw_cosine
+
+# The run's numerics and layout; every other field of the model comes from the checkpoint.
+_TRAINING_FIELDS = dict(
+    dtype="float32",
+    param_dtype="float32",
+    scan_layers=True,
+    switch_layers=False,
+    kernel_layout="in_out",
+    remat_policy="none",
+    attention_impl="xla",
+    dropout_rate=0.0,
+)
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, runlocal=False)
+    config = base_config("finetune")
+    config.init_from = "smollm2-135m-instruct"
+    config.num_steps = 4 if arg.runlocal else 200
+    config.batch_size = 8
+    config.eval_every = 50
+    config.eval_batches = 4
+    config.checkpoint_every = 50
+    config.log_every = 10
+    config.model = ml_collections.ConfigDict(
+        {f.name: _TRAINING_FIELDS.get(f.name) for f in dataclasses.fields(LMConfig) if f.init}
+    )
+    config.data = ml_collections.ConfigDict(
+        dict(
+            paths="",
+            length=256,
+            eval_fraction=0.05,
+            separator="",
+            tokenizer="",
+            separate_documents=True,
+        )
+    )
+    config.optimizer = ml_collections.ConfigDict(
+        adamw_cosine(
+            learning_rate=2e-5, warmup_fraction=0.05, end_lr_fraction=0.1, weight_decay=0.0
+        )
+    )
+    return config
