@@ -31,8 +31,11 @@ class LMConfig(ModelConfig):
         mlp_dim: F, the SwiGLU hidden width.
         max_len: longest sequence (and largest cache) the model accepts.
         rope_theta: RoPE base.
-        rope_scaling: ``None`` or a mapping (see ``lhc.nn.rope.validate_rope_scaling``);
-            stored as a hashable ``FrozenDict``.
+        rope_scaling: ``None`` or a mapping (see ``lhc.nn.rope.validate_rope_scaling``)
+            whose ``rope_type`` is ``"linear"``, ``"ntk"`` (static NTK-aware: the base
+            scaled once), ``"yarn"`` (with its attention temperature) or ``"llama3"``
+            (``"dynamic"`` NTK is refused: its frequencies follow the sequence length);
+            stored canonical (YaRN's defaults resolved) as a hashable ``FrozenDict``.
         norm_eps: RMSNorm epsilon.
         qkv_bias: biases on the q/k/v projections (Qwen2).
         tie_embeddings: the output projection reuses the embedding table.

@@ -28,7 +28,8 @@ check) the config and parameters::
     {arch}.attention.layer_norm_rms_epsilon  -> rms_norm_eps
     {arch}.context_length                    -> max_position_embeddings
     {arch}.rope.freq_base                    -> rope_theta
-    {arch}.rope.scaling.type/.factor         -> rope_scaling ("linear")
+    {arch}.rope.scaling.type/.factor         -> rope_scaling ("linear", "yarn": also
+                                                .original_context_length, .yarn_beta_*)
     rope_freqs.weight (tensor)               -> rope_scaling ("llama3", see below)
     rows of token_embd.weight                -> vocab_size
     no output.weight tensor                  -> tie_word_embeddings
@@ -237,10 +238,49 @@ def _rope_scaling(
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(file.get(f"{arch}.rope.scaling.factor"))}
+    if kind == "yarn":
+        return _yarn_rope_scaling(file, arch)
     raise ValueError(
         f"{file.path}: {arch}.rope.scaling.type {kind!r} is not supported (expected 'none', "
-        "'linear', or Llama 3 scaling as rope_freqs.weight)"
+        "'linear', 'yarn', or Llama 3 scaling as rope_freqs.weight)"
     )
+
+
+# llama.cpp's YaRN keys that change its temperature or blend away from transformers'
+# defaults, with the values that leave them unchanged (-1: "the default" for ext_factor).
+_YARN_NEUTRAL = {
+    "rope.scaling.attn_factor": (1.0,),
+    "rope.scaling.yarn_attn_factor": (1.0,),
+    "rope.scaling.yarn_log_multiplier": (0.0,),
+    "rope.scaling.yarn_ext_factor": (-1.0, 1.0),
+}
+
+
+def _yarn_rope_scaling(file: GGUFFile, arch: str) -> dict[str, Any]:
+    """transformers' ``yarn`` parameters from llama.cpp's: ``rope.scaling.factor``,
+    ``rope.scaling.original_context_length`` (else ``context_length``, as llama.cpp, filled
+    in by ``config_from_hf``) and ``rope.scaling.yarn_beta_fast`` / ``yarn_beta_slow`` if
+    present. llama.cpp then rounds the blend band outwards (``truncate``) and scales by
+    ``0.1 ln(factor) + 1``, transformers' defaults; files that change that temperature
+    (``attn_factor``, ``yarn_log_multiplier``...) are refused."""
+    for key, neutral in _YARN_NEUTRAL.items():
+        value = file.get(f"{arch}.{key}", None)
+        if value is not None and float(value) not in neutral:
+            raise ValueError(
+                f"{file.path}: {arch}.{key} = {value} is not supported with YaRN (only "
+                f"{neutral}: the factor, context and beta keys are read)"
+            )
+    scaling = {"rope_type": "yarn", "factor": float(file.get(f"{arch}.rope.scaling.factor"))}
+    optional = {
+        "original_max_position_embeddings": ("rope.scaling.original_context_length", int),
+        "beta_fast": ("rope.scaling.yarn_beta_fast", float),
+        "beta_slow": ("rope.scaling.yarn_beta_slow", float),
+    }
+    for name, (key, cast) in optional.items():
+        value = file.get(f"{arch}.{key}", None)
+        if value is not None:
+            scaling[name] = cast(value)
+    return scaling
 
 
 def _hf_config(file: GGUFFile) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lhc.lm.config import LMConfig
+from lhc.nn.rope import ntk_rope_theta
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -70,7 +71,15 @@ def _architecture(hf_config: Mapping[str, Any]) -> str:
 
 
 def _rope(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """RoPE base and scaling from either config layout."""
+    """RoPE base and scaling from either config layout.
+
+    As transformers' ``standardize_rope_params``: a ``yarn`` or ``llama3`` scaling
+    without ``original_max_position_embeddings`` takes ``max_position_embeddings``, and a
+    top-level ``original_max_position_embeddings`` (Phi-3's place) replaces the one in
+    ``rope_scaling``; a ``yarn`` ``factor`` of null is ``max_position_embeddings /
+    original_max_position_embeddings``. ``"dynamic"`` is passed on, for
+    ``validate_rope_scaling`` to refuse (an override of ``rope_scaling`` replaces it).
+    """
     parameters = hf_config.get("rope_parameters")
     if parameters is not None:
         # transformers >= 5: {"rope_type": ..., "rope_theta": ..., scaling keys}.
@@ -87,9 +96,36 @@ def _rope(hf_config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
         scaling = None if scaling is None else dict(scaling)
     if scaling is not None:
         scaling.pop("rope_theta", None)
-        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
             scaling = None
+        elif rope_type in ("yarn", "llama3"):
+            max_len = hf_config.get("max_position_embeddings")
+            if hf_config.get("original_max_position_embeddings") is not None:
+                scaling["original_max_position_embeddings"] = hf_config[
+                    "original_max_position_embeddings"
+                ]
+            elif max_len is not None:
+                scaling.setdefault("original_max_position_embeddings", max_len)
+            original = scaling.get("original_max_position_embeddings")
+            if rope_type == "yarn" and scaling.get("factor") is None and max_len and original:
+                scaling["factor"] = max_len / original
     return float(theta), scaling
+
+
+def _rope_to_hf(config: LMConfig) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` of a config.json. transformers has no static
+    NTK type: ``"ntk"`` is written as default RoPE with its scaled base (the same
+    frequencies); a ``yarn`` ``truncate`` is written only when false (transformers
+    versions before it always truncate)."""
+    scaling = None if config.rope_scaling is None else dict(config.rope_scaling)
+    theta = config.rope_theta
+    if scaling is not None and scaling["rope_type"] == "ntk":
+        theta = ntk_rope_theta(config.head_dim, theta, scaling["factor"])
+        scaling = None
+    elif scaling is not None and scaling.get("truncate") is True:
+        del scaling["truncate"]
+    return {"rope_theta": theta, "rope_scaling": scaling}
 
 
 def _sliding_window(architecture: str, hf_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -169,7 +205,7 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> LMConfig:
 
 
 def _shapes(config: LMConfig) -> dict[str, Any]:
-    """The config.json keys every architecture shares: sizes, context and RoPE base."""
+    """The config.json keys every architecture shares: sizes, context and RoPE."""
     return {
         "vocab_size": config.vocab_size,
         "num_hidden_layers": config.num_layers,
@@ -179,7 +215,7 @@ def _shapes(config: LMConfig) -> dict[str, Any]:
         "head_dim": config.head_dim,
         "intermediate_size": config.mlp_dim,
         "max_position_embeddings": config.max_len,
-        "rope_theta": config.rope_theta,
+        **_rope_to_hf(config),
     }
 
 
@@ -188,7 +224,8 @@ def config_to_hf(config: LMConfig) -> dict[str, Any]:
 
     Qwen2 when it has q/k/v biases; else Mistral when it has a sliding window (in every
     layer); else Llama. RoPE is written as ``rope_theta`` + ``rope_scaling``, the layout
-    of released checkpoints, which every ``transformers`` version reads.
+    of released checkpoints, which every ``transformers`` version reads (static NTK as
+    default RoPE with its scaled base, see ``_rope_to_hf``).
 
     Raises:
         ValueError: a sliding window in only some layers without q/k/v biases (no
@@ -235,7 +272,6 @@ def config_to_hf(config: LMConfig) -> dict[str, Any]:
         "architectures": [architecture],
         "model_type": _MODEL_TYPES[architecture],
         **_shapes(config),
-        "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
         "rms_norm_eps": config.norm_eps,
         "tie_word_embeddings": config.tie_embeddings,
         "hidden_act": "silu",
@@ -271,7 +307,9 @@ def _gemma3_rope(text: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None,
                 f"config.json: RoPE scaling of the sliding-window layers is not supported, "
                 f"got {local!r}"
             )
-        theta, scaling = _rope({"rope_parameters": full})
+        theta, scaling = _rope(
+            {"rope_parameters": full, "max_position_embeddings": text["max_position_embeddings"]}
+        )
         return theta, scaling, float(local.get("rope_theta", 10_000.0))
     theta, scaling = _rope({"rope_theta": text.get("rope_theta", 1_000_000.0), **text})
     return theta, scaling, float(text.get("rope_local_base_freq", 10_000.0))
@@ -354,7 +392,6 @@ def _gemma3_config_to_hf(config: LMConfig) -> dict[str, Any]:
         "model_type": "gemma3_text",
         **_shapes(config),
         "rope_local_base_freq": config.local_rope_theta or config.rope_theta,
-        "rope_scaling": None if config.rope_scaling is None else dict(config.rope_scaling),
         "rms_norm_eps": config.norm_eps,
         "tie_word_embeddings": config.tie_embeddings,
         "hidden_activation": "gelu_pytorch_tanh",

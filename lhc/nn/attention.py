@@ -39,7 +39,7 @@ from lhc.nn.attention_ops import (
 from lhc.nn.blocked_prefix import attention_with_blocked_prefix
 from lhc.nn.linear import Einsum
 from lhc.nn.norms import RMSNorm
-from lhc.nn.rope import apply_rope, rope_frequencies
+from lhc.nn.rope import apply_rope, rope_attention_factor, rope_frequencies
 
 
 def write_slots(buffer: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
@@ -387,8 +387,10 @@ class Attention(nn.Module):
         settings = dict(impl=self.attention_impl, window=self.window, dtype=self.dtype)
         if self.position_encoding == "rope":
             inv_frequencies = rope_frequencies(head_dim, self.rope_theta, self.rope_scaling)
-            query = apply_rope(query, positions, inv_frequencies)
-            key = apply_rope(key, positions, inv_frequencies)
+            # YaRN's temperature scales cos and sin, as transformers does (logits by its square).
+            scale = rope_attention_factor(self.rope_scaling)
+            query = apply_rope(query, positions, inv_frequencies, scale)
+            key = apply_rope(key, positions, inv_frequencies, scale)
         elif self.position_encoding == "alibi":
             settings["alibi_slopes"] = alibi_slopes(num_heads)
         else:

@@ -127,7 +127,8 @@ def test_config_from_hf_both_rope_layouts_and_presets():
         ({"architectures": ["GemmaForCausalLM"], "model_type": "gemma"}, "GemmaForCausalLM"),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"attention_bias": True}, "attention_bias"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "'dynamic'.*'ntk'"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "longrope"),
     ],
 )
 def test_config_from_hf_rejects_unsupported(change, message):
@@ -224,11 +225,32 @@ WINDOW_CASES = {
     ),
 }
 
+# Context extension. transformers has no static NTK type, so that model is transformers'
+# dynamic NTK (factor 2, max_position_embeddings 64), compared on 96 tokens only: there
+# its base is 10_000 * (2 * 96 / 64 - (2 - 1)) ** (12 / 10), exactly static NTK's with
+# factor 2 (at other lengths the two differ; lhc refuses the dynamic config itself).
+ROPE_SCALING_CASES = {
+    "llama_yarn": dict(
+        arch="llama",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    ),
+    "llama_dynamic_ntk_at_96": dict(
+        arch="llama",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    ),
+}
+
 
 def _hf_model(case, seed=0):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    spec = dict({**PARITY_CASES, **WINDOW_CASES}[case])
+    spec = dict({**PARITY_CASES, **WINDOW_CASES, **ROPE_SCALING_CASES}[case])
     arch = spec.pop("arch")
     rope_scaling = spec.pop("rope_scaling", None)
     common = dict(
@@ -307,6 +329,38 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
         ).numpy()[:, 8:]
     out = lm.generate(lm.Transformer(config), params, prompts, max_new_tokens=32)
     np.testing.assert_array_equal(out.tokens, hf_tokens)
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("case", list(ROPE_SCALING_CASES))
+def test_context_extension_scalings_match_transformers(tmp_path, case):
+    torch, model = _hf_model(case, seed=6)
+    transformers = pytest.importorskip("transformers")
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    if case == "llama_yarn":
+        length = 48  # positions run past original_max_position_embeddings (16)
+        config, params = hf.load(tmp_path)
+        assert config.rope_scaling["attention_factor"] == pytest.approx(0.1 * np.log(4) + 1)
+    else:
+        length = 96
+        with pytest.raises(ValueError, match="'dynamic'.*sequence length.*'ntk', 'factor': 2.0"):
+            hf.load(tmp_path)
+        ntk = {"rope_type": "ntk", "factor": 2.0}
+        config, params = hf.load(tmp_path, rope_scaling=ntk, max_len=length)
+    tokens = np.random.default_rng(7).integers(0, 96, size=(2, length))
+    with torch.no_grad():
+        expected = model(torch.tensor(tokens)).logits.numpy()
+    positions = np.broadcast_to(np.arange(length), (2, length))
+    logits, _ = jax.jit(lm.Transformer(config).apply)({"params": params}, tokens, positions)
+    np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
+    # config_to_hf: transformers reads the same model back (static NTK as default RoPE
+    # with its scaled base).
+    hf.save(config, params, tmp_path / "again")
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            again(torch.tensor(tokens)).logits.numpy(), expected, atol=1e-4, rtol=0
+        )
 
 
 @pytest.mark.parity
