@@ -9,7 +9,9 @@ directory, a ``.gguf`` file, or an lhc run (``WORKDIR[:STEP]``). The model's fie
 ``--config.model.max_len=16384`` (the changes are listed in ``WORKDIR/init_from.json``).
 ``data.paths``: text files and folders, comma-separated, one document per file (or per
 ``data.separator``-delimited part); the last ``data.eval_fraction`` of each document is
-held out for the eval loss.
+held out for the eval loss. ``--config.lora.rank=8`` trains low-rank adapters on the
+projections that ``lora.targets`` match (regular expressions over paths such as
+``layers/attention/query``), the model frozen.
 
 The default is CPU-sized: windows of 256 tokens, 8 per step, 200 steps at a learning
 rate of 2e-5 after a warm-up, float32.
@@ -58,6 +60,11 @@ def get_config(arg=None):
             tokenizer="",
             separate_documents=True,
         )
+    )
+    # Low-rank adapters (lhc.nn.lora): rank 0 trains every weight; rank r >= 1 trains
+    # only adapters on the projections whose paths match `targets`, the model frozen.
+    config.lora = ml_collections.ConfigDict(
+        dict(rank=0, alpha=16.0, dropout=0.0, targets=("attention/(query|value)",))
     )
     config.optimizer = ml_collections.ConfigDict(
         adamw_cosine(

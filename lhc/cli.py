@@ -116,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--dtype", default=None, help="float32 on CPU, bfloat16 elsewhere")
 
+    export = commands.add_parser(
+        "export", help="write a run's language model as a Hugging Face directory"
+    )
+    export.add_argument("--workdir", required=True, help="an lhc training run")
+    export.add_argument("--out", required=True, help="the directory to write")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (latest)")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a run with LoRA adapters: a PEFT adapter directory (default: merged weights)",
+    )
+
     plot = commands.add_parser("plot", help="draw a run's train and eval curves to a PNG")
     plot.add_argument("--workdir", required=True)
     plot.add_argument("--out", default=None, help="the PNG (default: WORKDIR/metrics.png)")
@@ -154,6 +166,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "generate":
         return _generate(args)
+
+    if args.command == "export":
+        from lhc.train.export import export
+
+        _show_progress_notes()
+        try:
+            for path in export(args.workdir, args.out, step=args.step, adapter=args.adapter):
+                print(path)
+        except (FileNotFoundError, ValueError) as error:
+            raise SystemExit(f"lhc export: {error}") from None
+        return 0
 
     if args.command == "plot":
         from lhc.train.metrics import plot_metrics

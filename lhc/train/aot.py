@@ -86,7 +86,8 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> Comp
         for name, spec in batch_spec.items()
     }
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
-        compiled = exp.jit_train_step().lower(abstract_state, abstract_batch).compile()
+        step = exp.jit_train_step()
+        compiled = step.lower(abstract_state, abstract_batch, *exp.frozen_args).compile()
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):

@@ -248,3 +248,29 @@ def _check_restored_shapes(restored, target, step, directory) -> None:
             f"checkpoint step {step} in {directory!r} does not match the config: "
             + "; ".join(bad[:5])
         )
+
+
+def save_tree(path: str, tree) -> None:
+    """Writes ``tree`` (arrays, possibly sharded) to the directory ``path`` once, replacing
+    what is there (the frozen parameters of an adapter run: written when it starts)."""
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.abspath(path), tree, force=True)
+        checkpointer.wait_until_finished()
+
+
+def restore_tree(path: str, abstract_tree):
+    """The tree ``save_tree`` wrote at ``path``, restored against ``abstract_tree`` (its
+    ``ShapeDtypeStruct`` leaves carry the shardings).
+
+    Raises:
+      FileNotFoundError: nothing at ``path``.
+      UnreadableCheckpoint: it cannot be read, or holds other arrays.
+    """
+    if "://" not in path and not os.path.isdir(path):
+        raise FileNotFoundError(f"no saved arrays at {path!r}")
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_tree)
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(os.path.abspath(path), target)
+    except (ValueError, KeyError, OSError) as error:
+        raise UnreadableCheckpoint(f"{path!r}: {brief(error)}") from None

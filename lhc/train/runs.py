@@ -10,6 +10,7 @@ as one ``lhc.lm.Checkpoint`` ready to decode (what ``lhc generate`` and the benc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,11 +25,17 @@ from jax.sharding import Mesh
 from lhc import parallel
 from lhc.lm.checkpoints import Checkpoint, load_checkpoint
 from lhc.lm.tokenizers import ByteTokenizer
+from lhc.nn.lora import LoRA
+from lhc.nn.lora import combine as lora_combine
+from lhc.nn.lora import merge as lora_merge
+from lhc.nn.lora import split as lora_split
 from lhc.train import config as config_lib
-from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint
+from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint, restore_tree
 from lhc.train.tasks import Task, get_task
 
 log = logging.getLogger(__name__)
+
+FROZEN_DIR = "frozen"  # an adapter run's frozen parameters, in its workdir
 
 
 @dataclasses.dataclass
@@ -47,17 +54,61 @@ class Run:
     rules: Any
     task: Task
 
-    def abstract_params(self):
-        """ShapeDtypeStructs of the parameters with their shardings (nothing allocated)."""
+    def abstract_params(self, init=None):
+        """ShapeDtypeStructs of the parameters with their shardings (nothing allocated);
+        of ``init(rng)``'s tree when given (default ``task.init_params``)."""
         rng = jax.ShapeDtypeStruct(jax.random.key_data(jax.random.key(0)).shape, jnp.uint32)
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-            boxed = jax.eval_shape(self.task.init_params, rng)
+            boxed = jax.eval_shape(init or self.task.init_params, rng)
             shardings = parallel.logical_shardings(boxed, self.mesh, self.rules)
         return jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
             parallel.unbox(boxed),
             shardings,
         )
+
+    # Low-rank adapters (config.lora, lhc.nn.lora): the train state holds the adapters,
+    # the model's own parameters stay frozen, saved once in WORKDIR/frozen.
+
+    @property
+    def lora(self) -> LoRA | None:
+        return LoRA.from_config(self.config.get("lora"))
+
+    def init_params(self, rng) -> tuple[Any, Any]:
+        """``(trained, frozen)`` boxed parameters: the adapters and the model's own with
+        ``config.lora``, else all of the task's and None.
+
+        Raises:
+          ValueError: ``lora.targets`` match no projection of the model.
+        """
+        lora = self.lora
+        if lora is None:
+            return self.task.init_params(rng), None
+        with lora.applied():
+            params = self.task.init_params(rng)
+        frozen, adapters = lora_split(params)
+        if not adapters:
+            raise ValueError(
+                f"config.lora.targets {list(lora.targets)}: match no projection of the model "
+                f"(paths such as 'layers/attention/query', 'layers/mlp/down')"
+            )
+        return adapters, frozen
+
+    def applying(self):
+        """The context a model is applied in: its adapters added, when it has some."""
+        lora = self.lora
+        return contextlib.nullcontext() if lora is None else lora.applied()
+
+    def model_params(self, trained, frozen) -> Any:
+        """The tree the model is applied to (inside ``applying()``)."""
+        return trained if frozen is None else lora_combine(frozen, trained)
+
+    def merged_params(self, trained, frozen) -> Any:
+        """Parameters of the plain model: the adapters folded into their kernels."""
+        if frozen is None:
+            return trained
+        layout = getattr(getattr(self.task.model, "config", None), "kernel_layout", "in_out")
+        return lora_merge(lora_combine(frozen, trained), self.lora, layout)
 
 
 def build_run(config: ml_collections.ConfigDict, devices=None) -> Run:
@@ -74,6 +125,7 @@ def restore_params(
     step: int | None = None,
     *,
     fallback: bool = False,
+    merge_adapters: bool = True,
 ) -> tuple[Run, Any, int]:
     """Parameters of the checkpoint at ``step`` (latest when None) in ``workdir``.
 
@@ -83,14 +135,16 @@ def restore_params(
     ``step=None``, an unreadable newest step gives way to the newest readable one.
 
     Returns:
-      ``(run, params, step)``.
+      ``(run, params, step)``; for a run with ``config.lora``, ``params`` are the plain
+      model's, its adapters folded into the frozen weights saved in ``workdir/frozen``
+      (the adapters alone with ``merge_adapters=False``).
 
     Raises:
       FileNotFoundError: no checkpoint in ``workdir`` (or no recorded config).
       ValueError: the checkpoint is corrupt or does not match ``config``.
     """
     run = build_run(resolve_config(config, workdir))
-    abstract = run.abstract_params()
+    abstract = run.abstract_params(lambda rng: run.init_params(rng)[0])
     directory = os.path.join(workdir, "checkpoints")
     missing = (
         f"--workdir {workdir!r} holds no checkpoint (looked in {directory!r}); "
@@ -108,6 +162,12 @@ def restore_params(
             params, step = _newest_params(checkpointer, abstract, fallback)
     finally:
         checkpointer.close()
+    if run.lora is not None and merge_adapters:
+        frozen = restore_tree(
+            os.path.join(workdir, FROZEN_DIR),
+            run.abstract_params(lambda rng: run.init_params(rng)[1]),
+        )
+        params = run.merged_params(params, frozen)
     return run, params, step
 
 

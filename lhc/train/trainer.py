@@ -30,10 +30,17 @@ from lhc import parallel
 from lhc.lm.config import LMConfig
 from lhc.train import config as config_lib
 from lhc.train import init_from
-from lhc.train.checkpoint import Checkpointer, UnreadableCheckpoint, array_paths, state_differences
+from lhc.train.checkpoint import (
+    Checkpointer,
+    UnreadableCheckpoint,
+    array_paths,
+    restore_tree,
+    save_tree,
+    state_differences,
+)
 from lhc.train.metrics import MetricWriter
 from lhc.train.optim import make_optimizer
-from lhc.train.runs import Run, build_run, restore_params
+from lhc.train.runs import FROZEN_DIR, Run, build_run, restore_params
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +67,19 @@ class Experiment(Run):
     optimizer: optax.GradientTransformation
     schedule: optax.Schedule
     state_shardings: Any = None
+    # With config.lora: the model's own parameters, outside the train state (and their
+    # shardings); the state's params are the adapters.
+    frozen: Any = None
+    frozen_shardings: Any = None
 
     def init_fn(self):
-        """``rng -> state`` with parameters still boxed by logical axis names."""
+        """``rng -> state`` with parameters still boxed by logical axis names (and, with
+        adapters, the frozen parameters under ``"frozen"``, which ``_take_frozen``
+        moves out)."""
 
         def init(rng):
             params_rng, state_rng = jax.random.split(rng)
-            params = self.task.init_params(params_rng)
+            params, frozen = self.init_params(params_rng)
             state = {
                 "step": jnp.zeros((), jnp.int32),
                 "params": params,
@@ -76,9 +89,28 @@ class Experiment(Run):
             carry = self.task.init_carry(int(self.config.batch_size))
             if carry is not None:
                 state["carry"] = carry
+            if frozen is not None:
+                state["frozen"] = frozen
             return state
 
         return init
+
+    def _take_frozen(self, state, shardings):
+        """Moves ``"frozen"`` out of ``state`` and ``shardings`` into ``self``."""
+        self.frozen = state.pop("frozen", None)
+        self.frozen_shardings = shardings.pop("frozen", None)
+        self.state_shardings = shardings
+        return state
+
+    @property
+    def frozen_args(self) -> tuple:
+        """The train step's arguments after the batch: the frozen parameters, if any."""
+        return () if self.frozen is None else (self.frozen,)
+
+    def evaluate_params(self, params) -> dict[str, float]:
+        """The task's evaluation of the train state's ``params``."""
+        with self.applying():
+            return self.task.evaluate(self.model_params(params, self.frozen))
 
     def abstract_state(self):
         """ShapeDtypeStructs of the state with their shardings (no memory allocated)."""
@@ -86,18 +118,17 @@ class Experiment(Run):
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
             boxed = jax.eval_shape(self.init_fn(), rng)
             shardings = parallel.logical_shardings(boxed, self.mesh, self.rules)
-        abstract = parallel.unbox(boxed)
-        self.state_shardings = shardings
-        return jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+        abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            parallel.unbox(boxed),
+            shardings,
         )
+        return self._take_frozen(abstract, shardings)
 
     def init_state(self, seed: int) -> State:
         rng = jax.random.key_data(jax.random.key(seed))
-        state, self.state_shardings = parallel.sharded_init(
-            self.init_fn(), self.mesh, self.rules, rng
-        )
-        return state
+        state, shardings = parallel.sharded_init(self.init_fn(), self.mesh, self.rules, rng)
+        return self._take_frozen(state, shardings)
 
     def batch_shardings(self, batch_spec):
         return {
@@ -109,15 +140,17 @@ class Experiment(Run):
         """The un-jitted ``(state, batch) -> (state, metrics)`` update."""
         task, optimizer, schedule = self.task, self.optimizer, self.schedule
 
-        def train_step(state, batch):
+        def train_step(state, batch, frozen=None):
             step_rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
             carry = state.get("carry")
 
             def loss_fn(params):
-                if carry is None:
-                    loss, metrics = task.loss(params, batch, step_rng)
-                    return loss, (metrics, None)
-                return task.carried_loss(params, batch, step_rng, carry)
+                params = self.model_params(params, frozen)
+                with self.applying():
+                    if carry is None:
+                        loss, metrics = task.loss(params, batch, step_rng)
+                        return loss, (metrics, None)
+                    return task.carried_loss(params, batch, step_rng, carry)
 
             (loss, (metrics, carry)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 state["params"]
@@ -137,9 +170,10 @@ class Experiment(Run):
 
     def jit_train_step(self):
         batch_spec = self.task.batch_spec(int(self.config.batch_size))
+        frozen = () if self.frozen_shardings is None else (self.frozen_shardings,)
         return jax.jit(
             self.train_step_fn(),
-            in_shardings=(self.state_shardings, self.batch_shardings(batch_spec)),
+            in_shardings=(self.state_shardings, self.batch_shardings(batch_spec), *frozen),
             out_shardings=(self.state_shardings, parallel.replicated(self.mesh)),
             donate_argnums=(0,),
         )
@@ -274,10 +308,19 @@ def train_and_evaluate(
             if source is not None:
                 init_from.record(init_from.parse_source(source), config, workdir, overrides)
             config_lib.save_run_config(config, workdir, command or shlex.join(sys.argv))
+        frozen_dir = os.path.join(workdir, FROZEN_DIR)
         if resumed is not None:
             latest, state, data_state = resumed
             data.set_state(data_state)
+            if exp.frozen is not None:  # an adapter run's frozen weights, saved at its start
+                abstract = jax.tree.map(
+                    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                    exp.frozen,
+                )
+                exp.frozen = restore_tree(frozen_dir, abstract)
             log.info("resumed from step %d in %s", latest, workdir)
+        elif exp.frozen is not None:
+            save_tree(frozen_dir, exp.frozen)
         start_step = int(jax.device_get(state["step"]))
         writer = MetricWriter(
             workdir, tensorboard=bool(config.get("tensorboard", True)), resume_step=start_step
@@ -409,7 +452,8 @@ def _check_resumable(config, workdir: str, checkpointer: Checkpointer, step: int
 def _init_params_from(exp: Experiment, state, source: init_from.Source):
     """``state`` with the parameters of ``source`` (an lhc run's checkpoint, or a
     pretrained checkpoint in the run model's layout) and the optimizer state
-    initialised for them."""
+    initialised for them; with adapters, ``exp.frozen`` takes them instead."""
+    target = state["params"] if exp.frozen is None else exp.frozen
     if source.kind == "checkpoint":
         model_config = getattr(exp.task.model, "config", None)
         if not isinstance(model_config, LMConfig):
@@ -417,16 +461,20 @@ def _init_params_from(exp: Experiment, state, source: init_from.Source):
                 f"config.init_from {source.spec!r}: a pretrained checkpoint loads into an "
                 f"lhc.lm.Transformer, the task's model is a {type(exp.task.model).__name__}"
             )
-        params = init_from.load_params(source, model_config, state["params"])
+        params = init_from.load_params(source, model_config, target)
         log.info("parameters from %s (%s)", source.spec, source.path)
     else:
-        params = _run_params(source, state)
+        params = _run_params(source, target)
+    if exp.frozen is not None:
+        exp.frozen = params
+        return state
     opt_state = jax.jit(exp.optimizer.init, out_shardings=exp.state_shardings["opt_state"])(params)
     return dict(state, params=params, opt_state=opt_state)
 
 
-def _run_params(source: init_from.Source, state):
-    """The parameters of the lhc run ``source`` at its step (latest when None)."""
+def _run_params(source: init_from.Source, target):
+    """The parameters of the lhc run ``source`` at its step (latest when None), placed
+    like ``target``."""
     directory = os.path.join(source.path, "checkpoints")
     checkpointer = Checkpointer(directory, read_only=True)
     try:
@@ -435,8 +483,7 @@ def _run_params(source: init_from.Source, state):
                 f"config.init_from {source.spec!r} holds no checkpoint (looked in {directory!r})"
             )
         abstract = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-            state["params"],
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target
         )
         params, step = checkpointer.restore_params(source.step, abstract)
     finally:
@@ -460,7 +507,7 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=())
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
         while step < num_steps:
             batch = parallel.global_batch(next(data), exp.mesh, exp.rules)
-            state, metrics = train_step(state, batch)
+            state, metrics = train_step(state, batch, *exp.frozen_args)
             step += 1
             pending.append((step, metrics["loss"], metrics["grad_norm"]))
             progress.update(1)
@@ -472,7 +519,7 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=())
                 progress.set_postfix(loss=f"{host_metrics['train/loss']:.4f}")
                 summary.update(host_metrics)
             if (eval_every and step % eval_every == 0) or step == num_steps:
-                eval_metrics = exp.task.evaluate(state["params"])
+                eval_metrics = exp.evaluate_params(state["params"])
                 writer.write(step, eval_metrics)
                 summary.update(eval_metrics)
             preempted = checkpointer.reached_preemption(step)
@@ -490,7 +537,7 @@ def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=())
                 break
         _raise_if_non_finite(pending)
         if start_step == num_steps:  # already complete: evaluate again, log nothing new
-            summary.update(exp.task.evaluate(state["params"]))
+            summary.update(exp.evaluate_params(state["params"]))
     summary["step"] = step
     return summary
 

@@ -5,10 +5,13 @@ import os
 
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from lhc import train
 from lhc.train import config as config_lib
 from lhc.train import init_from
+from lhc.train.checkpoint import Checkpointer
+from lhc.train.export import export
 
 WORDS = "the cat sat on a mat and saw the dog run to the old red barn by the river".split()
 
@@ -127,3 +130,69 @@ def test_two_names_for_two_sources_are_refused(source):
     config = _config(root, f"init_params_from={root / 'text'}")
     with pytest.raises(ValueError, match="name different sources"):
         init_from.source_spec(config)
+
+
+def test_an_adapter_run_trains_and_saves_the_adapters_alone(source, tmp_path):
+    root, torch, model = source
+    workdir = tmp_path / "lora"
+    lora = [
+        "lora.rank=2",
+        "lora.targets=('attention/(query|value)',)",
+        "optimizer.learning_rate=0.05",
+    ]
+    train.train_and_evaluate(_config(root, "num_steps=2", *lora), str(workdir))
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), read_only=True)
+    try:
+        saved = checkpointer.state_arrays(checkpointer.latest_step())
+    finally:
+        checkpointer.close()
+    params = [path for path in saved if path.startswith("params/")]
+    assert params and all(path.split("/")[-1] in ("lora_a", "lora_b") for path in params)
+    moments = [path for path in saved if path.startswith("opt_state/")]
+    assert moments and all("lora_" in path for path in moments if "count" not in path)
+
+    # The plain model read back is the checkpoint's with A B added to q and v only.
+    ckpt = train.load_language_model(workdir=str(workdir))
+    tensors = safetensors.numpy.load_file(str(root / "model" / "model.safetensors"))
+    changed = 0
+    for layer in range(2):
+        for name, hf_name in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+            kernel = np.asarray(ckpt.params["layers"]["attention"][name]["kernel"][layer])
+            original = tensors[f"model.layers.{layer}.self_attn.{hf_name}.weight"].T.reshape(
+                kernel.shape
+            )
+            same = np.allclose(kernel, original, atol=1e-6)
+            assert same == (name == "key"), (layer, name)
+            changed += not same
+    assert changed == 4
+
+    # Exported merged, and as a PEFT adapter over the checkpoint: transformers (and peft)
+    # give the logits lhc gives.
+    tokens = np.random.default_rng(2).integers(0, 128, size=(1, 20))
+    logits, _ = ckpt.model.apply({"params": ckpt.params}, tokens, np.arange(20)[None])
+    export(str(workdir), str(tmp_path / "merged"))
+    transformers = pytest.importorskip("transformers")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with torch.no_grad():
+        expected = merged(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    assert loaded("the cat saw", add_special_tokens=False)["input_ids"] == ckpt.tokenizer.encode(
+        "the cat saw"
+    )
+    peft = pytest.importorskip("peft")
+    export(str(workdir), str(tmp_path / "adapter"), adapter=True)
+    base = transformers.AutoModelForCausalLM.from_pretrained(root / "model")
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        expected = adapted(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
+
+    # Resumed without the source: the frozen weights come from the run's own copy.
+    moved = root / "moved"
+    os.rename(root / "model", moved)
+    try:
+        train.train_and_evaluate(_config(root, "num_steps=3", *lora), str(workdir))
+    finally:
+        os.rename(moved, root / "model")
+    assert train.restore_params(None, str(workdir))[2] == 3
