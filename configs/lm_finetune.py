@@ -48,6 +48,7 @@ def get_config(arg=None):
     config.eval_batches = 4
     config.checkpoint_every = 50
     config.log_every = 10
+    config.loss_chunk = 1024  # positions of the head's loss at a time (0: the whole logits)
     config.model = ml_collections.ConfigDict(
         {f.name: _TRAINING_FIELDS.get(f.name) for f in dataclasses.fields(LMConfig) if f.init}
     )

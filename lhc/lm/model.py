@@ -72,6 +72,7 @@ from lhc.nn.attention import Attention, LayerCache
 from lhc.nn.config import register_model
 from lhc.nn.intervention import Intervention, apply_edit
 from lhc.nn.linear import Embed, output_logits
+from lhc.nn.losses import chunked_token_nll
 from lhc.nn.mlp import GeGLU, GeluMLP, SwiGLU
 from lhc.nn.norms import LayerNorm, RMSNorm
 from lhc.nn.remat import remat_policy
@@ -471,6 +472,23 @@ class Transformer(nn.Module):
             and (cache is None or getattr(cache, "stacked_layers", False))
         )
 
+    def _target_nll(self, embed, x, targets, chunk):
+        """``(nll, hit)`` of ``targets`` (see ``__call__``), from the head's weight."""
+        cfg = self.config
+        if cfg.tie_embeddings:
+            weight, outputs_first = embed.embedding, True
+        else:
+            head = self.variables["params"]["lm_head"]
+            if "lora_a" in head:
+                raise ValueError(
+                    "targets: the chunked loss multiplies by the head's kernel alone; "
+                    "adapters on lm_head need the full logits (loss_chunk=0 in the task)"
+                )
+            weight, outputs_first = head["kernel"], cfg.kernel_layout == "out_in"
+        return chunked_token_nll(
+            x, weight, targets, outputs_first=outputs_first, chunk=chunk, dtype=cfg.dtype
+        )
+
     @nn.compact
     def __call__(
         self,
@@ -486,6 +504,8 @@ class Transformer(nn.Module):
         probe: jax.Array | None = None,
         logits_at: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        targets: jax.Array | None = None,
+        loss_chunk: int = 1024,
     ) -> tuple[jax.Array, Cache | None]:
         """Runs the model on ``T`` new tokens per sequence.
 
@@ -517,6 +537,11 @@ class Transformer(nn.Module):
             segment_ids: ``None`` or int32 ``[B, T]``, without a cache: rows that pack
                 several documents, each token attending only to those with its id
                 (``lhc.lm.packing``; ``attention_impl="xla"``).
+            targets: ``None`` or int ``[B, T]``, without a cache: instead of the logits,
+                return ``(nll, hit)``, each token's float32 negative log-likelihood of
+                its target and whether the target is the argmax, the head applied
+                ``loss_chunk`` positions at a time (``lhc.nn.losses``: no ``[B, T, V]``
+                logits are held, in training either).
 
         Returns:
             ``(logits, cache)``: float32 ``[B, T, V]`` and the updated cache (``None`` if
@@ -643,6 +668,10 @@ class Transformer(nn.Module):
         elif logits_at is not None:
             x = jnp.take_along_axis(x, logits_at.astype(jnp.int32)[:, :, None], axis=1)
         x = norm_layer(cfg, "final_norm")(x)
+        if targets is not None:
+            if cache is not None:
+                raise ValueError("targets: the per-token loss is computed without a cache")
+            return self._target_nll(embed, x, targets, loss_chunk), None
         logits = output_logits(embed, x, tie=cfg.tie_embeddings, kernel_layout=cfg.kernel_layout)
         logits = nn.with_logical_constraint(logits, ("act_batch", "act_len", "act_vocab"))
 

@@ -14,6 +14,10 @@ it (``lhc.train.init_from``). ``config.data``:
   and restart their positions (``lhc.lm.packing``; ``attention_impl="xla"``); False:
   one stream joined by end-of-sequence tokens, positions counting through the window.
 
+``config.loss_chunk``: the head's loss over ``loss_chunk`` positions at a time (no
+``[B, T, V]`` logits held; 0: the whole logits). ``config.model.remat_policy``
+rematerialises each layer in the backward pass.
+
 ``evaluate`` reports the held-out loss and perplexity on ``eval_batches`` batches of
 held-out windows (the same windows every time).
 """
@@ -25,6 +29,7 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lhc.data.text_files import TextFiles
@@ -91,17 +96,32 @@ class FineTuneTask(CausalLMTask):
         spec["weights"] = jax.ShapeDtypeStruct(shape, "float32")
         return spec
 
+    def _forward_metrics(self, params, batch, rng=None):
+        chunk = int(self.config.get("loss_chunk", 0))
+        if not chunk:
+            return super()._forward_metrics(params, batch, rng)
+        (nll, hit), _ = self._apply(params, batch, rng, targets=batch["targets"], loss_chunk=chunk)
+        weights = batch["weights"]
+        num_tokens = jnp.maximum(weights.sum(), 1.0)
+        loss = (nll * weights).sum() / num_tokens
+        accuracy = (hit * weights).sum() / num_tokens
+        return loss, accuracy, weights.sum()
+
     def _logits(self, params, batch, rng=None):
+        logits, _ = self._apply(params, batch, rng)
+        return logits
+
+    def _apply(self, params, batch, rng=None, **kwargs):
         separate = self.config.data.get("separate_documents", True)
         rngs = None if rng is None else {"train": rng}
-        logits, _ = self.model.apply(
+        return self.model.apply(
             {"params": params},
             batch["tokens"],
             batch["positions"],
             segment_ids=batch["segment_ids"] if separate else None,
             rngs=rngs,
+            **kwargs,
         )
-        return logits
 
     def evaluate(self, params):
         if not int(self.config.eval_batches):
