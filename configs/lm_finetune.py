@@ -15,6 +15,12 @@ projections that ``lora.targets`` match (regular expressions over paths such as
 
 The default is CPU-sized: windows of 256 tokens, 8 per step, 200 steps at a learning
 rate of 2e-5 after a warm-up, float32.
+
+``:long`` extends the context (``experiments/context_extension``): windows of ``context``
+tokens (16,384) of a model trained to ``original`` (8,192), RoPE scaled by the ratio
+(``scaling=yarn``, ``linear`` or ``ntk``), LoRA rank 8 on q/k/v/o, 50 steps of one window,
+each layer rematerialised and attention in key blocks; ``:long,context=32768`` for an
+accelerator.
 """
 
 import dataclasses
@@ -38,8 +44,20 @@ _TRAINING_FIELDS = dict(
 )
 
 
+# Context extension (``:long``): the RoPE scaling of the extended model, by name.
+_SCALINGS = {
+    "yarn": lambda factor, original: {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+    },
+    "linear": lambda factor, original: {"rope_type": "linear", "factor": factor},
+    "ntk": lambda factor, original: {"rope_type": "ntk", "factor": factor},
+}
+
+
 def get_config(arg=None):
-    arg = parse_arg(arg, runlocal=False)
+    arg = parse_arg(arg, runlocal=False, long=False, scaling="yarn", context=16384, original=8192)
     config = base_config("finetune")
     config.init_from = "smollm2-135m-instruct"
     config.num_steps = 4 if arg.runlocal else 200
@@ -72,4 +90,32 @@ def get_config(arg=None):
             learning_rate=2e-5, warmup_fraction=0.05, end_lr_fraction=0.1, weight_decay=0.0
         )
     )
+    if arg.long:
+        _long(config, arg)
     return config
+
+
+def _long(config, arg) -> None:
+    """Context extension: ``context`` tokens per window (from the checkpoint's
+    ``original``), the RoPE ``scaling`` by the ratio, LoRA on the attention projections,
+    every layer rematerialised and attention in blocks so a window fits a CPU's memory."""
+    if arg.scaling not in _SCALINGS:
+        raise ValueError(
+            f"config arg scaling must be one of {sorted(_SCALINGS)}, got {arg.scaling!r}"
+        )
+    factor = arg.context / arg.original
+    config.num_steps = 2 if arg.runlocal else 50
+    config.batch_size = 1
+    config.log_every = 1
+    config.eval_every = 25
+    config.eval_batches = 2
+    config.checkpoint_every = 5  # a 16K step takes minutes on a CPU
+    config.model.max_len = arg.context
+    config.model.rope_scaling = _SCALINGS[arg.scaling](factor, arg.original)
+    config.model.attention_impl = "chunked"  # online softmax over key blocks
+    config.model.remat_policy = "full"
+    config.data.length = arg.context
+    config.data.separate_documents = False  # one long text; the blocked attention has no mask
+    config.lora.rank = 8
+    config.lora.targets = ("attention/(query|key|value|out)",)
+    config.optimizer.learning_rate = 1e-4
