@@ -59,13 +59,16 @@ class FineTuneTask(CausalLMTask):
                 "config.data.paths: give the text files or folders to train on, "
                 "comma-separated (--config.data.paths=FILE)"
             )
-        return TextFiles(
+        text = TextFiles(
             data.paths,
             self.tokenizer,
             int(data.length),
             eval_fraction=float(data.eval_fraction),
             separator=data.get("separator") or None,
         )
+        if int(self.config.eval_batches) and not text.held_out.num_windows:
+            text.eval_batch(0, range(1), 1)  # says why, before the first step
+        return text
 
     def _window_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.config.data.get("separate_documents", True):

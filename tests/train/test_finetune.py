@@ -196,3 +196,20 @@ def test_an_adapter_run_trains_and_saves_the_adapters_alone(source, tmp_path):
     finally:
         os.rename(moved, root / "model")
     assert train.restore_params(None, str(workdir))[2] == 3
+
+
+def test_the_long_configuration_trains_an_extended_model(source, tmp_path):
+    # configs/lm_finetune.py:long at toy sizes: YaRN from 64 to 128 positions, LoRA on
+    # q/k/v/o, remat and blocked attention, the loss in chunks.
+    root, _, _ = source
+    config = config_lib.load_config(
+        "lm_finetune.py:long,runlocal,context=128,original=64",
+        [f"init_from={root / 'model'}", f"data.paths={root / 'text'}", "num_steps=1",
+         "eval_batches=1", "data.eval_fraction=0.3", "loss_chunk=32", "progress_bar=False",
+         "tensorboard=False"],
+    )  # fmt: skip
+    summary = train.train_and_evaluate(config, str(tmp_path / "long"))
+    assert np.isfinite(summary["train/loss"]) and np.isfinite(summary["eval/loss"])
+    record = json.loads((tmp_path / "long" / init_from.RECORD).read_text())
+    assert "model.max_len: 64 -> 128" in record["overrides"]
+    assert any(line.startswith("model.rope_scaling: None -> {") for line in record["overrides"])
