@@ -15,7 +15,7 @@ evaluation resumes. ``report.py`` renders the tables.
   the haystack the generated filler of ``lhc.train.passkey`` (``--filler generated``, the
   passkey test's repeated sentences) or the held-out part of ``--text`` (the last 5% of
   its tokens, as the fine-tune config holds out); greedy continuation of "What is the pass key? The pass key is" (with
-  ``--chat``, the haystack is the user's message in the chat template and the question
+  ``--passkey-chat``, the haystack is the user's message in the chat template and the question
   follows it), correct when the key's digits are in the first 16 tokens.
 * ``position``: mean next-token loss per 1,024-position bucket over ``--loss-windows``
   held-out windows of the longest length (each window from position 0).
@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--loss-windows", type=int, default=2)
     p.add_argument("--chat", action="store_true", help="also ask the chat questions")
+    p.add_argument(
+        "--passkey-chat",
+        action="store_true",
+        help="the passkey haystack as a user message in the chat template",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="results JSONL (appended)")
     return p
@@ -123,7 +128,7 @@ def passkey_tests(args, ckpt, held_out: np.ndarray, done: set, base: dict):
     rng = np.random.default_rng(args.seed)
     tokenizer = ckpt.tokenizer
     opening, question = [], tokenizer.encode(QUESTION)
-    if args.chat:  # the haystack as the user's message, the question after it
+    if args.passkey_chat:  # the haystack as the user's message, the question after it
         marker = "\x00HAYSTACK\x00"
         text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
         before, after = text.split(marker)
