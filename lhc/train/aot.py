@@ -79,12 +79,7 @@ def compile_train_step(config: ml_collections.ConfigDict, topology: str) -> Comp
     devices = topology_devices(topology)
     exp = build_experiment(config, devices=devices)
     abstract_state = exp.abstract_state()
-    batch_spec = exp.task.batch_spec(int(config.batch_size))
-    batch_shardings = exp.batch_shardings(batch_spec)
-    abstract_batch = {
-        name: jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=batch_shardings[name])
-        for name, spec in batch_spec.items()
-    }
+    abstract_batch = exp.abstract_batch()
     with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
         step = exp.jit_train_step()
         compiled = step.lower(abstract_state, abstract_batch, *exp.frozen_args).compile()

@@ -35,6 +35,13 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     config.init_from = None
     config.init_params_from = None
     config.tensorboard = True
+    # Throughput columns of the train rows (lhc.train.telemetry): train/mfu divides by
+    # this peak FLOP/s of one device; None: a table by device kind (TPU v4/v5e/v5p/v6e,
+    # H100, H200; bf16 dense), and no train/mfu column on another device.
+    config.peak_flops = None
+    # A jax.profiler trace of the steps a <= i < b (0-based) into WORKDIR/profile, e.g.
+    # --config.profile_steps="(5,8)"; () traces nothing.
+    config.profile_steps = ()
     # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
     # --config.mesh_shape="(2,4,1)". One size may be -1.
     config.mesh_axes = ("data", "fsdp", "tensor")
@@ -316,3 +323,25 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"config.{key}: expected an integer >= {least}, got {value!r}")
         if value is not None and value < least:
             raise ValueError(f"config.{key}: expected an integer >= {least}, got {value}")
+    _check_profile_steps(config.get("profile_steps"))
+    peak = config.get("peak_flops")
+    if peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float))):
+        raise ValueError(f"config.peak_flops: expected FLOP/s of one device or None, got {peak!r}")
+    if peak is not None and not peak > 0:
+        raise ValueError(f"config.peak_flops: expected FLOP/s of one device > 0, got {peak!r}")
+
+
+def _check_profile_steps(value) -> None:
+    """ValueError unless ``value`` is empty (None, ``()``) or two ints ``0 <= a < b``."""
+    if value is None or (isinstance(value, (tuple, list)) and not value):
+        return
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        or not 0 <= value[0] < value[1]
+    ):
+        raise ValueError(
+            f"config.profile_steps: expected () or two step indices (a, b) with "
+            f"0 <= a < b, got {value!r}"
+        )

@@ -114,10 +114,17 @@ def read_metrics(workdir: str) -> list[dict]:
     return _parse_rows(path)
 
 
+# Throughput columns (lhc.train.telemetry) that get no panel of their own: the step time
+# and MFU are the tokens/s curve scaled, compile_s one point per (re)start.
+_NOT_PLOTTED = ("chance_loss", "step_time_s", "compile_s", "mfu")
+_THROUGHPUT = {"tokens_per_s": "tokens/s"}
+
+
 def plot_metrics(workdir: str, path: str | None = None) -> str:
     """Draws the curves of ``workdir/metrics.jsonl`` to ``path`` (default
     ``workdir/metrics.png``): a panel per metric (the loss first), train and eval rows as
-    two lines against the step; returns the path.
+    two lines against the step, and a last panel of the training throughput (tokens/s)
+    when the rows have it; returns the path.
 
     Raises:
       FileNotFoundError: no metrics rows in ``workdir``.
@@ -128,7 +135,8 @@ def plot_metrics(workdir: str, path: str | None = None) -> str:
     for row in read_metrics(workdir):
         for key, value in row.items():
             split, _, name = key.partition("/")
-            if name and name != "chance_loss" and isinstance(value, (int, float)):
+            if name and name not in _NOT_PLOTTED and isinstance(value, (int, float)):
+                name = _THROUGHPUT.get(name, name)
                 x, y = series.setdefault(name, {}).setdefault(split, ([], []))
                 x.append(row["step"])
                 y.append(value)
@@ -136,7 +144,8 @@ def plot_metrics(workdir: str, path: str | None = None) -> str:
         raise FileNotFoundError(
             f"--workdir {workdir!r}: no metrics to plot (metrics.jsonl is written by `lhc train`)"
         )
-    names = sorted(series, key=lambda name: (name != "loss", name))
+    last = set(_THROUGHPUT.values())
+    names = sorted(series, key=lambda name: (name in last, name != "loss", name))
     path = path or os.path.join(workdir, "metrics.png")
     plots.panels(path, {name: series[name] for name in names}, xlabel="step")
     return path

@@ -29,7 +29,7 @@ import tqdm
 from lhc import parallel
 from lhc.lm.config import LMConfig
 from lhc.train import config as config_lib
-from lhc.train import init_from
+from lhc.train import init_from, telemetry
 from lhc.train.checkpoint import (
     Checkpointer,
     UnreadableCheckpoint,
@@ -129,6 +129,15 @@ class Experiment(Run):
         rng = jax.random.key_data(jax.random.key(seed))
         state, shardings = parallel.sharded_init(self.init_fn(), self.mesh, self.rules, rng)
         return self._take_frozen(state, shardings)
+
+    def abstract_batch(self):
+        """ShapeDtypeStructs of one global batch with their shardings."""
+        spec = self.task.batch_spec(int(self.config.batch_size))
+        shardings = self.batch_shardings(spec)
+        return {
+            name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shardings[name])
+            for name, s in spec.items()
+        }
 
     def batch_shardings(self, batch_spec):
         return {
@@ -334,7 +343,10 @@ def train_and_evaluate(
         )
         closers.insert(0, progress.close)
         with _stop_on_signals() as received:
-            summary = _loop(exp, state, data, checkpointer, writer, progress, start_step, received)
+            profile_dir = os.path.join(workdir, telemetry.PROFILE_DIR)
+            summary = _loop(
+                exp, state, data, checkpointer, writer, progress, start_step, received, profile_dir
+            )
     except BaseException:
         _close_all(*closers, raise_errors=False)  # the loop's error is the one to see
         raise
@@ -492,41 +504,62 @@ def _run_params(source: init_from.Source, target):
     return params
 
 
-def _loop(exp, state, data, checkpointer, writer, progress, start_step, stop=()) -> dict[str, Any]:
+def _loop(
+    exp, state, data, checkpointer, writer, progress, start_step, stop=(), profile_dir=None
+) -> dict[str, Any]:
     """The steps from ``start_step`` on. Within a step the rows are written before its
     checkpoint, so a run resumed from a checkpoint has every row up to it. Once ``stop``
-    is non-empty (a signal), the step in progress is saved and the loop ends."""
+    is non-empty (a signal), the step in progress is saved and the loop ends. The train
+    rows carry the throughput columns of ``lhc.train.telemetry``; ``config.profile_steps``
+    traces steps into ``profile_dir``."""
     config = exp.config
     num_steps = int(config.num_steps)
     log_every = max(int(config.get("log_every", 10)), 1)
     eval_every = int(config.get("eval_every", 0))
     train_step = exp.jit_train_step()
+    clock = telemetry.step_clock(exp, exp.task.batch_spec(int(config.batch_size)))
+    profile_steps = config.get("profile_steps") or ()
+    profiler = telemetry.Profiler(profile_steps, profile_dir or "profile", start_step)
     summary: dict[str, Any] = {}
     pending: list[tuple[int, Any, Any]] = []
     step = start_step
-    with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules):
+    with jax.set_mesh(exp.mesh), nn.logical_axis_rules(exp.rules), contextlib.ExitStack() as done:
+        done.callback(profiler.stop)  # a run that ends before the trace's last step
         while step < num_steps:
             batch = parallel.global_batch(next(data), exp.mesh, exp.rules)
-            state, metrics = train_step(state, batch, *exp.frozen_args)
+            clock.exclude(profiler.before_step(step, state))
+            if step == start_step:  # compiled and timed apart: train/compile_s
+                state, metrics = clock.first_step(train_step, state, batch, exp.frozen_args)
+            else:
+                state, metrics = train_step(state, batch, *exp.frozen_args)
+                clock.count()
             step += 1
+            clock.exclude(profiler.after_step(step, state))
             pending.append((step, metrics["loss"], metrics["grad_norm"]))
             progress.update(1)
+            waited = False  # for the device, after work that is no train step
             if step % log_every == 0 or step == num_steps:
                 _raise_if_non_finite(pending)
                 pending.clear()
                 host_metrics = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+                host_metrics.update(clock.row())
                 writer.write(step, host_metrics)
                 progress.set_postfix(loss=f"{host_metrics['train/loss']:.4f}")
                 summary.update(host_metrics)
+                waited = True
             if (eval_every and step % eval_every == 0) or step == num_steps:
                 eval_metrics = exp.evaluate_params(state["params"])
                 writer.write(step, eval_metrics)
                 summary.update(eval_metrics)
+                waited = True
             preempted = checkpointer.reached_preemption(step)
             if stop or preempted or step == num_steps or checkpointer.should_save(step):
                 _check_before_save(pending, state, step)
                 writer.flush()
                 checkpointer.save(step, state, data.get_state(), force=True)
+                waited = True
+            if waited:
+                clock.restart()
             if preempted:
                 log.warning("preemption signal at step %d: checkpoint saved, stopping", step)
                 break
