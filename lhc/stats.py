@@ -4,7 +4,10 @@ Result files are JSON lines, one record per test, appended as each test finishes
 an interrupted sweep resumes where it stopped (``read_records`` / ``append_records``).
 Tables of results are markdown (``markdown_table``), an accuracy given with its
 ``wilson_interval``, two methods scored on the same items compared by the exact paired
-test on the items where they disagree (``mcnemar``).
+test on the items where they disagree (``mcnemar``). Any other statistic gets a
+percentile ``bootstrap_interval``, and a difference between two methods on the same items a
+``paired_bootstrap`` interval and p-value; both resample whole groups when items are not
+independent (one question-needle pair tested at several depths).
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 # Result files --------------------------------------------------------------------------
 
@@ -103,6 +109,173 @@ def mcnemar(first: Sequence[bool], second: Sequence[bool]) -> dict[str, float]:
         "only_second": only_second,
         "p_value": p_value,
     }
+
+
+# Bootstrap -----------------------------------------------------------------------------
+
+# Group draws made at once: bounds the memory of a block of resamples (~32 MiB of indices).
+_DRAWS_PER_BLOCK = 1 << 22
+
+
+def bootstrap_interval(
+    values: ArrayLike,
+    statistic: Callable[[np.ndarray], float] = np.mean,
+    *,
+    groups: Sequence[Hashable] | None = None,
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of ``statistic`` over the items ``values``.
+
+    Args:
+        values: [N] numbers or booleans, one per item.
+        statistic: of a 1-D array of items; ``np.mean`` takes a fast path.
+        groups: [N] the group of each item (a pair id, say), or None for independent
+            items. A resample draws whole groups with all their items (cluster bootstrap),
+            as items of one group are not independent.
+        resamples: the number of bootstrap resamples.
+        confidence: the coverage of the interval, in (0, 1).
+        seed: of the resampling.
+
+    Returns:
+        ``(low, high)``, the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2``
+        quantiles of the resampled statistic.
+
+    Raises:
+        ValueError: no values, not one group per item, ``confidence`` outside (0, 1) or
+            fewer than one resample.
+    """
+    columns = _bootstrap_columns(
+        "bootstrap_interval", {"values": values}, groups, resamples, confidence
+    )
+    draws = _bootstrap(columns, statistic, groups, resamples, seed)[:, 0]
+    return _percentile_interval(draws, confidence)
+
+
+def paired_bootstrap(
+    first: ArrayLike,
+    second: ArrayLike,
+    statistic: Callable[[np.ndarray], float] = np.mean,
+    *,
+    groups: Sequence[Hashable] | None = None,
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The bootstrap of ``statistic(first) - statistic(second)``, two methods scored on
+    the same items: each resample draws the same items (or whole groups, as in
+    ``bootstrap_interval``) for both methods.
+
+    Args:
+        first: [N] the first method's scores (numbers or booleans), one per item.
+        second: [N] the second method's scores on the same items.
+        statistic, groups, resamples, confidence, seed: as in ``bootstrap_interval``.
+
+    Returns:
+        ``items``; ``difference``, of the statistic on all items; ``low`` and ``high``,
+        its percentile interval; and ``p_value``, two-sided: twice the smaller share of
+        resampled differences on either side of zero (each counting zero), at most 1.
+
+    Raises:
+        ValueError: sequences of different lengths, or as ``bootstrap_interval``.
+    """
+    if len(first) != len(second):
+        raise ValueError(
+            f"paired_bootstrap: expected the same items for both methods, got {len(first)} "
+            f"and {len(second)} scores"
+        )
+    columns = _bootstrap_columns(
+        "paired_bootstrap", {"first": first, "second": second}, groups, resamples, confidence
+    )
+    draws = _bootstrap(columns, statistic, groups, resamples, seed)
+    differences = draws[:, 0] - draws[:, 1]
+    low, high = _percentile_interval(differences, confidence)
+    p_value = 2 * min(np.mean(differences <= 0), np.mean(differences >= 0))
+    return {
+        "items": len(columns[0]),
+        "difference": float(statistic(columns[0]) - statistic(columns[1])),
+        "low": low,
+        "high": high,
+        "p_value": float(min(1.0, p_value)),
+    }
+
+
+def _bootstrap_columns(
+    caller: str,
+    columns: Mapping[str, ArrayLike],
+    groups: Sequence[Hashable] | None,
+    resamples: int,
+    confidence: float,
+) -> list[np.ndarray]:
+    """The named columns as float arrays, once the arguments are checked."""
+    arrays = []
+    for name, column in columns.items():
+        array = np.asarray(column, dtype=float)
+        if array.ndim != 1:
+            raise ValueError(f"{caller}: {name} must be one-dimensional, got {array.shape=}")
+        if not array.size:
+            raise ValueError(f"{caller}: {name} is empty")
+        arrays.append(array)
+    if groups is not None and len(groups) != len(arrays[0]):
+        raise ValueError(
+            f"{caller}: groups must name the group of each item, got {len(groups)} groups "
+            f"for {len(arrays[0])} items"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"{caller}: confidence must be in (0, 1), got {confidence}")
+    if resamples < 1:
+        raise ValueError(f"{caller}: resamples must be at least 1, got {resamples}")
+    return arrays
+
+
+def _bootstrap(
+    columns: Sequence[np.ndarray],
+    statistic: Callable[[np.ndarray], float],
+    groups: Sequence[Hashable] | None,
+    resamples: int,
+    seed: int,
+) -> np.ndarray:
+    """[resamples, C] ``statistic`` of each of the C columns ([N] each) on the same
+    resampled items."""
+    if groups is None:
+        group_of = np.arange(len(columns[0]))
+    else:  # numbered in order of first appearance, so unique ids number as the items do
+        numbers: dict[Hashable, int] = {}
+        group_of = np.array([numbers.setdefault(g, len(numbers)) for g in groups])
+    sizes = np.bincount(group_of)
+    blocks = _group_draws(np.random.default_rng(seed), len(sizes), resamples)
+    if statistic is np.mean:
+        # The mean of the drawn groups' items is their summed sums over their summed sizes.
+        sums = np.stack([np.bincount(group_of, weights=c) for c in columns], axis=1)
+        return np.concatenate(
+            [sums[draws].sum(axis=1) / sizes[draws].sum(axis=1, keepdims=True) for draws in blocks]
+        )
+    by_group = np.argsort(group_of, kind="stable")  # each group's items, contiguous
+    starts = np.cumsum(sizes) - sizes
+    results = []
+    for draws in blocks:
+        for draw in draws:
+            # The items of the drawn groups, one run of each group's items after another.
+            lengths = sizes[draw]
+            ends = np.cumsum(lengths)
+            items = by_group[
+                np.repeat(starts[draw] - ends + lengths, lengths) + np.arange(ends[-1])
+            ]
+            results.append([statistic(column[items]) for column in columns])
+    return np.asarray(results, dtype=float)
+
+
+def _group_draws(rng: np.random.Generator, num_groups: int, resamples: int) -> Iterator[np.ndarray]:
+    """Blocks of [resamples_in_block, num_groups] group indices drawn with replacement."""
+    block = max(1, _DRAWS_PER_BLOCK // num_groups)
+    for start in range(0, resamples, block):
+        yield rng.integers(num_groups, size=(min(block, resamples - start), num_groups))
+
+
+def _percentile_interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    low, high = np.percentile(draws, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return float(low), float(high)
 
 
 # Tables --------------------------------------------------------------------------------
