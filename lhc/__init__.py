@@ -19,6 +19,7 @@ _SUBMODULES = (
     "extras",
     "plots",
     "stats",
+    "report",
     "gca",
     "recurrent",
     "pencil",

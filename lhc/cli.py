@@ -132,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--workdir", required=True)
     plot.add_argument("--out", default=None, help="the PNG (default: WORKDIR/metrics.png)")
 
+    report = commands.add_parser(
+        "report", help="an experiment's tables from its results/*.jsonl (lhc.report)"
+    )
+    report.add_argument("directory", help="an experiment directory, e.g. experiments/nolima")
+    report.add_argument(
+        "--write", action="store_true", help="into its README's <!-- report: NAME --> blocks"
+    )
+
     bench = commands.add_parser("bench", help="run a benchmark (lhc bench --list)")
     bench.add_argument("name", nargs="?", help="a package's benchmark, e.g. lm, gca, nolima")
     bench.add_argument("--list", action="store_true", help="list the benchmarks")
@@ -176,6 +184,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(path)
         except (FileNotFoundError, ValueError) as error:
             raise SystemExit(f"lhc export: {error}") from None
+        return 0
+
+    if args.command == "report":
+        from lhc import report
+
+        try:
+            blocks = report.render(args.directory)
+            if args.write:
+                print("wrote", ", ".join(report.write_readme(args.directory, blocks)))
+            else:
+                print("\n\n".join(f"<!-- {name} -->\n{text}" for name, text in blocks.items()))
+        except (FileNotFoundError, ValueError) as error:
+            raise SystemExit(f"lhc report: {error}") from None
         return 0
 
     if args.command == "plot":

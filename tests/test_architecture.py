@@ -26,6 +26,7 @@ SHARED = (
     ("lm",),  # the decoder LMs, caches, decoding, checkpoint formats
     ("train",),  # tasks, the trainer, Orbax checkpoints, reading runs
     ("bench",),  # the benchmark harness and the LM family's benchmark
+    ("report",),  # experiments' tables from their results files
 )
 TOP = (
     ("lhc",),  # the package face: the version and every name on first use

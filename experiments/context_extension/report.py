@@ -1,6 +1,6 @@
 """The tables of ``experiments/context_extension`` from its raw results.
 
-    python experiments/context_extension/report.py results/smollm2_16k.jsonl
+    lhc report experiments/context_extension [--write]
 
 Passkey accuracy per model and length with Wilson intervals (and per depth), McNemar's
 exact test for each model against the first on the same keys, the held-out loss per
@@ -9,14 +9,17 @@ position bucket, and the short-context loss.
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 
 from lhc import stats
 
 
-def render(path: str) -> str:
-    rows = stats.read_records(path)
+def render(results: dict[str, list[dict]]) -> dict[str, str]:
+    """One block per results file (``lhc report``)."""
+    return {name: tables(rows) for name, rows in results.items()}
+
+
+def tables(rows: list[dict]) -> str:
     models = list(dict.fromkeys(row["model"] for row in rows))
     out = []
     passkey = [row for row in rows if row["kind"] == "passkey"]
@@ -92,8 +95,3 @@ def render(path: str) -> str:
             )
         )
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    for path in sys.argv[1:]:
-        print(render(path))

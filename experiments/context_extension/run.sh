@@ -26,4 +26,4 @@ for scaling in yarn linear; do
     --workdir "$OUT/$scaling" --config.data.paths="$TEXT" --config.progress_bar=False
   evaluate --workdir "$OUT/$scaling" --label "${scaling}_lora"
 done
-python "$HERE/report.py" "$RESULTS"
+lhc report "$HERE"

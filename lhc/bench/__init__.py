@@ -144,6 +144,45 @@ def load_model_source(args: argparse.Namespace, **overrides: Any):
         raise SystemExit(f"{flag}: {error}") from None
 
 
+def provenance(args: argparse.Namespace) -> dict[str, str | None]:
+    """What a result row needs to be traced to what made it: ``source``, the SHA-256 of
+    ``args.checkpoint``'s weights (the GGUF file, or the Hugging Face directory's
+    ``*.safetensors`` files in name order) or the ``args.workdir`` path, and
+    ``lhc_commit``, the commit of this lhc checkout (``-dirty`` with uncommitted changes;
+    None outside a git checkout)."""
+    import hashlib
+    import subprocess
+
+    from lhc.lm.checkpoints import resolve_checkpoint
+
+    source = args.workdir
+    if getattr(args, "checkpoint", None):
+        path = resolve_checkpoint(args.checkpoint)
+        files = (
+            [path]
+            if os.path.isfile(path)
+            else sorted(
+                os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")
+            )
+        )
+        digest = hashlib.sha256()
+        for file in files:
+            with open(file, "rb") as handle:
+                if len(files) == 1:
+                    digest = hashlib.file_digest(handle, "sha256")
+                else:
+                    digest.update(hashlib.file_digest(handle, "sha256").digest())
+        source = digest.hexdigest()
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(  # noqa: E731
+        ["git", *a], cwd=here, capture_output=True, text=True, check=False
+    )
+    commit = git("rev-parse", "--short", "HEAD").stdout.strip() or None
+    if commit and git("status", "--porcelain", "--untracked-files=no").stdout.strip():
+        commit += "-dirty"
+    return {"source": source, "lhc_commit": commit}
+
+
 def restore_run(workdir: str, *, model_type: type | tuple[type, ...] | None = None, what: str = ""):
     """``(run, params, step)`` (``lhc.train.Run``) of the latest checkpoint of an lhc run, or
     SystemExit with one line: no run there, or its model is not ``model_type`` (``what``
