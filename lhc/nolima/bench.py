@@ -39,8 +39,18 @@ from lhc import bench, lm
 from lhc.data.haystack import Haystack, clean_lines, filter_lines, shuffled_haystack
 from lhc.nolima import world as world_lib
 from lhc.nolima.evaluate import PromptFormat, evaluate
-from lhc.nolima.needles import lhc_needle_set, load_needle_set, needle_cases, sample_cases
-from lhc.nolima.scores import interval_table, plot, summary, table
+from lhc.nolima.needles import (
+    lhc_needle_set,
+    load_needle_set,
+    needle_cases,
+    one_order_per_fact,
+    sample_cases,
+)
+from lhc.nolima.scores import LITERAL, interval_table, plot, summary, table
+
+# The knowledge check: each latent pair at 250 tokens, at these depths of a held-out
+# haystack; a pair answered at most once of three is reported as not known.
+PROBE_DEPTHS = (0.0, 0.5, 1.0)
 
 
 def _depths(text: str) -> list[float]:
@@ -79,8 +89,10 @@ def _world(world_config) -> world_lib.World:
 
 
 def _setup(args, tokenizer, world_config, longest: int):
-    """``(cases, haystacks)`` for the arguments."""
+    """``(cases, haystacks, held_out)``: the pairs, ``--haystacks`` haystacks per source
+    and one more, held out, for the knowledge check (``--probe``)."""
     lines_needed = longest // 20 + 200  # generated lines hold about 45 tokens
+    count = args.haystacks + 1
     if args.world or not (args.needle_set or args.haystack):
         world = _world(world_config)
         regions = len(world.regions)
@@ -97,46 +109,49 @@ def _setup(args, tokenizer, world_config, longest: int):
                 tokenizer,
                 f"world{h}",
             )
-            for h in range(args.haystacks)
+            for h in range(count)
         ]
+        held_out = [haystacks.pop()]
     else:
         experiments = load_needle_set(args.needle_set) if args.needle_set else lhc_needle_set()
         if not args.haystack:
             raise SystemExit("--needle-set needs --haystack text files")
+        if args.haystacks > 1 and not args.shuffle:
+            raise SystemExit(f"--haystacks {args.haystacks} of a text file needs --shuffle")
         keywords = [a for e in experiments for t in e.tests.values() for a in t.input_args]
-        haystacks = []
-        for index, path in enumerate(args.haystack):
-            if args.shuffle:
-                lines = shuffled_haystack([path], num_lines=args.shuffle, seed=42 + index)
-            else:
-                with open(path, encoding="utf-8") as handle:
-                    lines = clean_lines(handle.read())
-            if args.filter:
-                lines, dropped = filter_lines(lines, keywords)
-                print(f"{path}: {dropped} lines naming a keyword dropped")
-            haystacks.append(Haystack(lines, tokenizer, os.path.basename(path)))
-    cases = sample_cases(needle_cases(experiments, args.question_types), args.pairs, args.seed)
-    return cases, haystacks
+        haystacks, held_out = [], []
+        for h in range(count if args.shuffle else 1):
+            for index, path in enumerate(args.haystack):
+                name = os.path.basename(path) + (f"#{h}" if h else "")
+                if args.shuffle:
+                    seed = 42 + index + len(args.haystack) * h
+                    lines = shuffled_haystack([path], num_lines=args.shuffle, seed=seed)
+                else:
+                    with open(path, encoding="utf-8") as handle:
+                        lines = clean_lines(handle.read())
+                if args.filter:
+                    lines, dropped = filter_lines(lines, keywords)
+                    print(f"{name}: {dropped} lines naming a keyword dropped")
+                haystack = Haystack(lines, tokenizer, name)
+                (held_out if h == args.haystacks else haystacks).append(haystack)
+    cases = needle_cases(experiments, args.question_types)
+    if args.orders == "alternate":
+        cases = one_order_per_fact(cases)
+    return sample_cases(cases, args.pairs, args.seed), haystacks, held_out
 
 
 def sweep(args) -> dict[str, Any]:
     lengths, depths = args.lengths, args.depths
     model, params, tokenizer, fmt, stops, world_config = _model(args, max(lengths) + 1024)
-    cases, haystacks = _setup(args, tokenizer, world_config, max(lengths))
-    print(
-        f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
-        f"depths x {len(lengths)} lengths ({args.variant})",
-        flush=True,
-    )
-    start = time.perf_counter()
-    records = evaluate(
+    cases, haystacks, held_out = _setup(args, tokenizer, world_config, max(lengths))
+    tags = {"model": args.label or args.checkpoint or args.workdir or "random", "set": "sweep"}
+    tags.update(bench.provenance(args))
+    run = lambda cases, haystacks, **kwargs: evaluate(  # noqa: E731
         model,
         params,
         tokenizer,
         cases,
         haystacks,
-        lengths=lengths,
-        depths=depths,
         variant=args.variant,
         fmt=fmt,
         batch_size=args.batch_size,
@@ -145,7 +160,21 @@ def sweep(args) -> dict[str, Any]:
         prefill_chunk=args.prefill_chunk,
         results_path=args.results,
         log=lambda m: print(m, flush=True),
+        **kwargs,
     )
+    start = time.perf_counter()
+    if args.probe:
+        if not held_out:
+            raise SystemExit("--probe needs a held-out haystack: --shuffle or --world")
+        latent = [c for c in cases if c.question_type not in LITERAL]
+        print(f"knowledge check: {len(latent)} latent pairs at 250 tokens in {held_out[0].name}")
+        run(latent, held_out, lengths=[250], depths=PROBE_DEPTHS, tags={**tags, "set": "probe"})
+    print(
+        f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
+        f"depths x {len(lengths)} lengths ({args.variant})",
+        flush=True,
+    )
+    records = run(cases, haystacks, lengths=lengths, depths=depths, tags=tags)
     result = summary(records)
     result["seconds"] = time.perf_counter() - start
     print(table(result))
@@ -159,7 +188,7 @@ def _one_length(args) -> dict[str, Any]:
     """Tests/s at one length (after one batch that compiles), and this process's peak RSS."""
     (length,) = args.lengths
     model, params, tokenizer, fmt, stops, world_config = _model(args, length + 1024)
-    cases, haystacks = _setup(args, tokenizer, world_config, length)
+    cases, haystacks, _ = _setup(args, tokenizer, world_config, length)
     cases = (cases * args.tests)[: args.tests]
     run = lambda c: evaluate(
         model,
@@ -257,7 +286,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pairs", type=int, default=0, help="N pairs drawn at random with --seed (default: all)"
     )
-    p.add_argument("--haystacks", type=int, default=1, help="generated haystacks (--world)")
+    p.add_argument(
+        "--haystacks",
+        type=int,
+        default=1,
+        help="haystacks: generated (--world), or shuffles of each file (--shuffle)",
+    )
+    p.add_argument(
+        "--orders",
+        choices=("both", "alternate"),
+        default="both",
+        help="needle orders: both, or one per fact alternating (half the tests)",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="first the knowledge check: latent pairs at 250 tokens on a held-out haystack",
+    )
+    p.add_argument("--label", default=None, help="the model's name in the results")
     p.add_argument("--decoy-rate", type=float, default=0.2, help="--world haystacks")
     p.add_argument("--lengths", type=bench.int_list, default="250,500,1000,2000,4000")
     p.add_argument("--depths", type=_depths, default="5", help="a count (evenly spaced) or a list")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -101,8 +102,16 @@ class Test:
     variant: str
 
     @property
-    def key(self) -> str:
-        return f"{self.variant}/{self.length}/{self.haystack}/{self.case.pair}/{self.depth:g}"
+    def placement(self) -> tuple:
+        """What the tests of one needle sentence share: the character's name, the needle's
+        place and the whole context (only the question differs)."""
+        return (self.case.experiment_id, self.case.test_id, self.haystack, self.length, self.depth)
+
+    def key(self, haystacks: Sequence[Haystack]) -> str:
+        """The test's id in a results file (the haystack by name, so that tests of other
+        haystacks, e.g. the held-out one of a knowledge check, can share the file)."""
+        name = haystacks[self.haystack].name
+        return f"{self.variant}/{self.length}/{name}/{self.case.pair}/{self.depth:g}"
 
 
 def make_tests(
@@ -136,13 +145,19 @@ def make_tests(
 
 
 def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[str, Any]:
-    """The test's prompt tokens and what scoring needs (name, answers, needle offset)."""
+    """The test's prompt tokens and what scoring needs (name, answers, needle offset).
+
+    The character's name is drawn per placement (needle, haystack, length, depth), so
+    tests of one length and depth do not all share one name, while the question types
+    of one needle read the same context: the literal and latent questions about it are
+    paired."""
     case = test.case
-    # One generator per test, so a resumed sweep draws the same names.
+    # One generator per placement, so a resumed sweep draws the same names.
     rng = np.random.default_rng(
         [
             case.seed,
-            test.haystack,
+            zlib.crc32(case.test_id.encode()),
+            zlib.crc32(haystack.name.encode()),
             test.length,
             round(test.depth * 1e6),
             VARIANTS.index(test.variant),
@@ -187,9 +202,10 @@ def build(test: Test, haystack: Haystack, tokenizer, fmt: PromptFormat) -> dict[
 
 
 # ``generate_fn(prompts, shared) -> responses``: token lists in, each response's tokens
-# out; the first ``shared`` tokens are the same in every prompt (and often in the next
-# calls' prompts too).
-GenerateFn = Callable[[list[list[int]], int], list[list[int]]]
+# out. ``shared``: prefix lengths, outermost first, each shared by every prompt of the
+# call (an int for one level): the first is often shared with the next calls' prompts
+# too (the haystack up to the needle), the next with fewer (a needle's context).
+GenerateFn = Callable[[list[list[int]], "int | Sequence[int]"], list[list[int]]]
 
 
 def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -215,44 +231,69 @@ def model_generate(
     """A batched greedy generation function of an ``lhc.lm`` protocol model (responses
     without their stop token).
 
-    The shared prefix of a call (cut to a compiled length of ``lm.bucket_length``, so
-    that it needs no padding) is prefilled once and kept: the next calls with the same
-    prefix start from a copy of its cache and prefill only their own tokens. In a
-    needle test the haystack up to the needle is the same for every needle at one
-    length and depth."""
+    Shared prefixes are prefilled once and kept, one cache per level: the outermost (cut
+    to a compiled length of ``lm.bucket_length``, so that it needs no padding) from
+    scratch, each inner one from a copy of the level above. A call whose prefixes are
+    held starts from a copy of the innermost and prefills only its own tokens. In a
+    needle test the haystack up to the needle is the same for every needle at one length
+    and depth (outer level), the context up to the question for every question about
+    one needle (inner level)."""
     from lhc import lm
 
-    held: dict[str, Any] = {}
+    held: list[tuple[tuple[int, ...], int, Any]] = []  # (prefix, capacity, cache) by level
 
-    def prefix_cache(prefix: list[int], capacity: int):
-        key = (tuple(prefix), capacity)
-        if held.get("key") != key:
-            held.clear()
-            out = lm.generate(
-                model,
-                params,
-                [prefix],
-                max_new_tokens=1,
-                cache_len=capacity,
-                prefill_chunk=prefill_chunk,
-            )
-            held.update(key=key, cache=out.cache)
-        return held["cache"]
+    def prefix_cache(levels: list[list[int]], needed: int):
+        cache = None
+        for level, prefix in enumerate(levels):
+            key = tuple(prefix)
+            if level < len(held) and held[level][0] == key and held[level][1] >= needed:
+                cache = held[level][2]
+                continue
+            del held[level:]
+            capacity = min(lm.bucket_length(needed + needed // 8), model.config.max_len)
+            if cache is None:
+                out = lm.generate(
+                    model,
+                    params,
+                    [prefix],
+                    max_new_tokens=1,
+                    cache_len=capacity,
+                    prefill_chunk=prefill_chunk,
+                )
+            else:
+                out = lm.generate(
+                    model,
+                    params,
+                    [prefix[len(levels[level - 1]) :]],
+                    max_new_tokens=1,
+                    cache=jax.tree.map(jnp.copy, cache),  # donated
+                    prefill_chunk=prefill_chunk,
+                )
+            cache = out.cache
+            held.append((key, capacity, cache))
+        return cache
 
-    def run(prompts: list[list[int]], shared: int = 0) -> list[list[int]]:
-        while shared and lm.bucket_length(shared) != shared:
-            shared -= 1
+    def run(prompts: list[list[int]], shared: int | Sequence[int] = 0) -> list[list[int]]:
+        ends = [shared] if isinstance(shared, int) else list(shared)
+        outer = ends[0] if ends else 0
+        while outer and lm.bucket_length(outer) != outer:
+            outer -= 1
+        ends = [outer, *(e for e in ends[1:] if e > outer)] if outer else []
+        ends = [e for i, e in enumerate(ends) if i == 0 or e > ends[i - 1]]
         kwargs = dict(
             max_new_tokens=max_new_tokens,
             stop_tokens=tuple(stop_tokens),
             pad_id=pad_id,
             prefill_chunk=prefill_chunk,
         )
-        if shared:
-            rest = [p[shared:] for p in prompts]
-            needed = shared + lm.bucket_length(max(map(len, rest))) + max_new_tokens
-            capacity = min(lm.bucket_length(needed), model.config.max_len)
-            cache = prefix_cache(list(prompts[0][:shared]), capacity)
+        if ends:
+            levels = [list(prompts[0][:end]) for end in ends]
+            rest = [p[ends[-1] :] for p in prompts]
+            # Slots: each level's tokens, padded to a compiled length, then the rest's.
+            steps = [b - a for a, b in zip([0, *ends], ends)]
+            needed = ends[0] + sum(lm.bucket_length(n) for n in steps[1:])
+            needed += lm.bucket_length(max(map(len, rest))) + max_new_tokens
+            cache = prefix_cache(levels, needed)
             cache = lm.repeat_rows(jax.tree.map(jnp.copy, cache), len(prompts))  # donated
             out = lm.generate(model, params, rest, cache=cache, **kwargs)
         else:
@@ -286,6 +327,7 @@ def evaluate(
     prefill_chunk: int = 512,
     results_path: str | os.PathLike | None = None,
     generate_fn: GenerateFn | None = None,
+    tags: Mapping[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[dict]:
     """Runs every test not yet in ``results_path`` and returns all records.
@@ -305,17 +347,20 @@ def evaluate(
         stop_tokens: default: the tokenizer's eos.
         results_path: JSON lines, appended after each batch; tests already there are
             skipped, so an interrupted sweep restarted with the same arguments resumes.
-        generate_fn: ``(token lists, shared prefix length) -> response token lists``
+        generate_fn: ``(token lists, shared prefix lengths) -> response token lists``
             (default: greedy ``lm.generate`` through ``model_generate``, which prefills
-            a shared haystack prefix once).
+            each shared prefix once).
+        tags: fields written into every new record (the model, its file's SHA-256,
+            the lhc commit, which part of an experiment).
 
     Returns:
         One record per test: key, pair, question type, variant, length, haystack, depth,
         name, answers, response, correct, prompt_tokens, needle_start.
     """
     tests = make_tests(cases, len(haystacks), lengths, depths, variant)
+    keys = {t: t.key(haystacks) for t in tests}
     done = {r["key"]: r for r in read_results(results_path)} if results_path else {}
-    pending = [t for t in tests if t.key not in done]
+    pending = [t for t in tests if keys[t] not in done]
     if stop_tokens is None:
         stop_tokens = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
     if generate_fn is None:
@@ -333,33 +378,50 @@ def evaluate(
     if results_path:
         os.makedirs(os.path.dirname(os.path.abspath(results_path)), exist_ok=True)
     new = {}
-    # Tests of one length, haystack and depth share the haystack up to the needle: they
-    # run one after another (one prefix for all of them), in batches of batch_size.
-    groups: dict[tuple, list[Test]] = {}
+    # Tests of one length, haystack and depth share the haystack up to the needle; the
+    # question types of one needle share the context up to the question. They run one
+    # after another (one prefix each), in batches of at most batch_size.
+    groups: dict[tuple, dict[tuple, list[Test]]] = {}
     for t in pending:
-        groups.setdefault((t.length, t.haystack, t.depth), []).append(t)
+        group = groups.setdefault((t.length, t.haystack, t.depth), {})
+        group.setdefault(t.placement, []).append(t)
     finished = 0
     for group in groups.values():
-        built_group = [build(t, haystacks[t.haystack], tokenizer, fmt) for t in group]
-        shared = common_prefix([b["tokens"] for b in built_group])
-        for start in range(0, len(group), batch_size):
-            batch = group[start : start + batch_size]
-            built = built_group[start : start + batch_size]
-            responses = generate_fn([b["tokens"] for b in built], shared)
-            finished += len(batch)
-            _write(batch, built, responses, tokenizer, haystacks, new, results_path)
-            if log:
-                log(f"{finished}/{len(pending)} tests (length {batch[0].length})")
-    return [done[t.key] if t.key in done else new[t.key] for t in tests]
+        built = {
+            t: build(t, haystacks[t.haystack], tokenizer, fmt) for p in group.values() for t in p
+        }
+        outer = common_prefix([b["tokens"] for b in built.values()])
+        for placement in group.values():
+            inner = common_prefix([built[t]["tokens"] for t in placement])
+            shared = (outer, inner) if len(placement) > 1 else (outer,)
+            for start in range(0, len(placement), batch_size):
+                batch = placement[start : start + batch_size]
+                responses = generate_fn([built[t]["tokens"] for t in batch], shared)
+                finished += len(batch)
+                _write(
+                    batch,
+                    [built[t] for t in batch],
+                    responses,
+                    tokenizer,
+                    haystacks,
+                    keys,
+                    tags,
+                    new,
+                    results_path,
+                )
+                if log:
+                    log(f"{finished}/{len(pending)} tests (length {batch[0].length})")
+    return [done[keys[t]] if keys[t] in done else new[keys[t]] for t in tests]
 
 
-def _write(batch, built, responses, tokenizer, haystacks, new, results_path) -> None:
+def _write(batch, built, responses, tokenizer, haystacks, keys, tags, new, results_path) -> None:
     """The batch's records into ``new``, appended to ``results_path`` (flushed to disk)."""
     lines = []
     for test, b, response in zip(batch, built, responses):
         text = tokenizer.decode(response)
-        new[test.key] = record = {
-            "key": test.key,
+        new[keys[test]] = record = {
+            **(tags or {}),
+            "key": keys[test],
             "pair": test.case.pair,
             "experiment": test.case.experiment_id,
             "test": test.case.test_id,

@@ -296,6 +296,29 @@ def sample_cases(cases: Sequence[NeedleCase], count: int, seed: int) -> list[Nee
     return [cases[i] for i in sorted(chosen)]
 
 
+def one_order_per_fact(cases: Sequence[NeedleCase]) -> list[NeedleCase]:
+    """The cases of one needle order per fact, the orders alternating: the default order
+    (experiment ``0101``) for the first fact of a template, the inverted one (``0101Inv``,
+    the official set's naming) for the second, and so on. Halves a sweep while keeping
+    every question type of every fact and both orders equally often."""
+    facts: dict[tuple[str, str], list[str]] = {}
+    for c in cases:
+        base = c.experiment_id.removesuffix("Inv")
+        facts.setdefault((base, c.test_id), [])
+        if c.experiment_id not in facts[base, c.test_id]:
+            facts[base, c.test_id].append(c.experiment_id)
+    chosen, index = {}, {}
+    for (base, test_id), experiments in facts.items():
+        i = index[base] = index.get(base, -1) + 1
+        wanted = base + "Inv" if i % 2 else base
+        chosen[base, test_id] = wanted if wanted in experiments else experiments[0]
+    return [
+        c
+        for c in cases
+        if chosen[c.experiment_id.removesuffix("Inv"), c.test_id] == c.experiment_id
+    ]
+
+
 def words(text: str) -> list[str]:
     """ROUGE's default tokens: lower case, runs of ASCII letters and digits."""
     return WORD.findall(text.lower())

@@ -283,7 +283,12 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
     calls = []
 
     def answer(prompts, shared, fail_after=None):
-        assert shared == nolima.common_prefix(prompts) or len(prompts) == 1
+        # The haystack up to the needle, then (several questions about one needle) the
+        # context up to the question: prefixes of every prompt of the call.
+        assert all(p[: shared[-1]] == prompts[0][: shared[-1]] for p in prompts)
+        assert list(shared) == sorted(shared) and shared[-1] < min(map(len, prompts))
+        if len(prompts) > 1:
+            assert shared[-1] == nolima.common_prefix(prompts)
         if fail_after is not None and len(calls) >= fail_after:
             raise KeyboardInterrupt
         calls.append(len(prompts))
@@ -308,19 +313,28 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
             generate_fn=lambda p, shared: answer(p, shared, fail_after=3),
             **kwargs,
         )
-    # Batches hold one length, haystack and depth: three calls of the three cases.
-    assert len(nolima.read_results(path)) == 9
+    # A call holds the questions about one needle: T01's one- and two-hop questions,
+    # then T02's one-hop question, then T01's two again at the next depth.
+    assert calls == [2, 1, 2] and len(nolima.read_results(path)) == 5
     with open(path, "a") as handle:
-        handle.write('{"key": "plain/250/0/0101/T0')  # a write cut short
+        handle.write('{"key": "plain/250/h0/0101/T0')  # a write cut short
     calls.clear()
     resumed = nolima.evaluate(
         None, None, tokenizer, cases, haystacks, results_path=path, generate_fn=answer, **kwargs
     )
-    assert sum(calls) == 36 - 9
+    assert sum(calls) == 36 - 5
     fresh = nolima.evaluate(None, None, tokenizer, cases, haystacks, generate_fn=answer, **kwargs)
     assert resumed == fresh and len(nolima.read_results(path)) == 36
     assert {r["correct"] for r in fresh} == {True, False}
     assert all(r["correct"] == (r["depth"] < 1.0) for r in fresh if r["length"] == 500)
+    # One name per needle placement: the questions about it share it, the cells do not.
+    names = {}
+    for r in fresh:
+        names.setdefault(
+            (r["experiment"], r["test"], r["haystack"], r["length"], r["depth"]), set()
+        ).add(r["name"])
+    assert all(len(v) == 1 for v in names.values())
+    assert len({next(iter(v)) for v in names.values()}) > 3
 
 
 def test_a_stop_mid_sweep_loses_no_written_test(tmp_path):
@@ -352,6 +366,7 @@ def test_a_stop_mid_sweep_loses_no_written_test(tmp_path):
         )
     written = nolima.read_results(path)
     assert len(written) == 5
+    assert written[0]["key"] == "plain/250/haystack/0101/T01/direct/0"
     before = list(asked)
     asked.clear()
     resumed = nolima.evaluate(
@@ -386,7 +401,8 @@ def test_evaluate_runs_a_protocol_model_batched():
     config = lm.LMConfig.tiny(vocab_size=tokenizer.vocab_size, max_len=512)
     model, params = lm.Transformer(config), lm.init_params(config, jax.random.key(0))
     haystack = nolima.Haystack(lines(100), tokenizer)
-    cases = nolima.needle_cases(nolima.lhc_needle_set(), ("onehop",))[:2]
+    # Three questions about one needle (nested prefixes), one about another.
+    cases = nolima.needle_cases(nolima.lhc_needle_set())[:4]
     fmt = nolima.PromptFormat(task_template="{haystack}Q: {question}\nA:")
     records = nolima.evaluate(
         model,
@@ -408,7 +424,7 @@ def test_evaluate_runs_a_protocol_model_batched():
             == len(prompt)
             == 250 + len(tokenizer.encode(f"Q: {test.case.question}\nA:")) + 1
         )
-        # Batched, from a shared haystack prefix == alone from scratch.
+        # Batched, from the shared haystack and needle prefixes == alone from scratch.
         assert record["response"] == tokenizer.decode(one([prompt], 0)[0])
     with pytest.raises(ValueError, match="variant must be one of"):
         nolima.make_tests(cases, 1, (250,), (0.5,), variant="hard")

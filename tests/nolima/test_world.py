@@ -1,5 +1,6 @@
 """The generated world of latent associations, its training task and the bench."""
 
+import hashlib
 import json
 import re
 
@@ -163,20 +164,41 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, caps
     (model_dir / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": chat})
     )
-    needles = nolima.to_json(nolima.lhc_needle_set()[:1])
+    needles = nolima.to_json(nolima.lhc_needle_set()[:2])  # one template, both orders
     (tmp_path / "needles.json").write_text(json.dumps(needles))
     flags = (
-        "--filter --shuffle 200 --lengths 300 --depths 0.5 --pairs 3 --question-types onehop "
-        "--max-new-tokens 2"
+        "--filter --shuffle 200 --haystacks 2 --orders alternate --probe --lengths 300 "
+        "--depths 0.5 --question-types onehop,direct --max-new-tokens 2 --label tiny"
     ).split()
     out = bench.main(
         ["--checkpoint", str(model_dir), "--dtype", "float32"]
         + ["--needle-set", str(tmp_path / "needles.json"), "--haystack", str(tmp_path / "book.txt")]
         + [*flags, "--results", str(tmp_path / "r.jsonl")]
     )
-    assert out["tests"] == 3 and out["pairs"] == 3
+    # 5 facts, one order each, 2 question types, 2 shuffles of the book; before them the
+    # knowledge check: the 5 one-hop pairs at 3 depths of a third, held-out shuffle.
+    assert out["tests"] == 20 and out["pairs"] == 10
     records = nolima.read_results(tmp_path / "r.jsonl")
-    assert all(r["prompt_tokens"] > 300 for r in records)  # context plus the chat around it
+    probe = [r for r in records if r["set"] == "probe"]
+    sweep = [r for r in records if r["set"] == "sweep"]
+    assert len(probe) == 15 and {r["haystack"] for r in probe} == {"book.txt#2"}
+    assert {r["length"] for r in probe} == {250} and {r["question_type"] for r in probe} == {
+        "onehop"
+    }
+    assert {r["haystack"] for r in sweep} == {"book.txt", "book.txt#1"}
+    orders = {r["test"]: r["experiment"] for r in sweep}
+    assert orders == {
+        "T01": "0101",
+        "T02": "0101Inv",
+        "T03": "0101",
+        "T04": "0101Inv",
+        "T05": "0101",
+    }
+    assert all(r["prompt_tokens"] > 300 for r in sweep)  # context plus the chat around it
+    with open(model_dir / "model.safetensors", "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    assert {(r["model"], r["source"]) for r in records} == {("tiny", digest)}
+    assert all(r["lhc_commit"] for r in records)
     with pytest.raises(SystemExit):
         bench.main(["--checkpoint", str(model_dir), "--workdir", str(tmp_path)])
     assert "argument --workdir: not allowed with argument --checkpoint" in capsys.readouterr().err
