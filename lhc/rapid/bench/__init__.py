@@ -106,6 +106,13 @@ def _parser():
         "--facts-per-context", type=int, default=3, help="with --haystack: questions per context"
     )
     parser.add_argument(
+        "--paraphrased",
+        type=float,
+        default=0.0,
+        help="with --haystack: the share of questions paraphrased, sharing no word with "
+        "their facts (BM25 misses them)",
+    )
+    parser.add_argument(
         "--results", default=None, help="with --haystack: JSON lines, appended; a rerun resumes"
     )
     parser.add_argument("--repeats", type=int, default=2)
@@ -120,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = [a for a in argv if a.startswith("--config.")]
     argv = [a for a in argv if not a.startswith("--config.")]
     args = _parser().parse_args(argv)
+    if not 0.0 <= args.paraphrased <= 1.0:  # before loading a model
+        raise SystemExit(f"--paraphrased must lie in [0, 1], got {args.paraphrased}")
     if args.setup is not None:
         from lhc.train.config import load_config
 

@@ -1,11 +1,13 @@
 """The fact sweep of ``lhc bench rapid --haystack``: questions about facts inserted
 into a real text (``lhc.rapid.facts``), on a real checkpoint, by context length.
 
-Per length, ``--samples`` contexts carry ``--facts-per-context`` facts each; the target's
+Per length, ``--samples`` contexts carry ``--facts-per-context`` facts each, a share
+``--paraphrased`` of them with questions that share no word with their facts; the target's
 cache of the contexts is prefilled once and every question set decodes from a copy. One
 record per (length, pass, method, set) goes to ``--results`` (JSON lines), so a stopped
-run resumes; ``fact_summary`` turns the records into accuracy with 95% Wilson intervals,
-acceptance, tokens/s and seconds per question.
+run resumes; ``fact_summary`` turns the records into accuracy with 95% Wilson intervals
+(over all questions, and over the literal and the paraphrased ones apart), acceptance,
+tokens/s and seconds per question.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
     with the stop tokens, up to ``--new-tokens``. Speed pass: each method on the first
     set without stop tokens, exactly ``--new-tokens`` tokens; compilation (JAX's own
     clock) is subtracted from the time. One record per (length, pass, method, set) is
-    appended to ``--results``; a rerun skips those already there.
+    appended to ``--results``, with per context whether the question is paraphrased and
+    the fact's statement; a rerun skips those already there.
     """
     tokenizer = loaded.tokenizer
     prefix, separator, suffix = chat
@@ -62,6 +65,7 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
             num_contexts=args.samples,
             facts_per_context=args.facts_per_context,
             seed=args.seed,
+            paraphrased=args.paraphrased,
         )
     except ValueError as error:
         raise SystemExit(f"--haystack / --samples / --facts-per-context: {error}") from None
@@ -137,6 +141,8 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
                         for row, n, a in zip(tokens, lengths, answers)
                     ],
                     depths=[d[j] for d in bucket.depths],
+                    paraphrased=[f[j].paraphrased for f in bucket.facts],
+                    fact=[f[j].statement for f in bucket.facts],
                     **_speculative_fields(out),
                 )
             )  # fmt: skip
@@ -152,35 +158,55 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
     return {"summary": result, "records": records}
 
 
+def _kinds(record: dict) -> dict[str, list[int]]:
+    """The rows of ``record`` (contexts) by question kind."""
+    paraphrased = record.get("paraphrased") or [False] * len(record["lengths"])
+    return {
+        "literal": [i for i, p in enumerate(paraphrased) if not p],
+        "paraphrased": [i for i, p in enumerate(paraphrased) if p],
+    }
+
+
 def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
-    """One row per (length, method): accuracy over every question with its 95% Wilson
-    interval, acceptance and tokens per round (accuracy pass); tokens/s over
-    ``new_tokens`` from the cached context, speedup over the target, and seconds per
-    question counting the context's prefill (speed pass)."""
+    """One row per (length, method, question kind): accuracy over the questions with its
+    95% Wilson interval, acceptance and tokens per round (accuracy pass); for ``"all"``
+    questions also tokens/s over ``new_tokens`` from the cached context, speedup over the
+    target, and seconds per question counting the context's prefill (speed pass). The
+    ``"literal"`` and ``"paraphrased"`` rows are there when some question is paraphrased.
+    """
     prefill = {r["length"]: r for r in records if r["pass"] == "prefill"}
-    rows: dict[tuple[int, str], dict] = {}
+    split = any(any(r.get("paraphrased") or ()) for r in records)
+    rows: dict[tuple[int, str, str], dict] = {}
     for r in records:
         if r["pass"] == "prefill":
             continue
-        row = rows.setdefault(
-            (r["length"], r["method"]), dict(length=r["length"], method=r["method"])
-        )
-        if r["pass"] == "accuracy":
-            for key in ("correct", "accepted", "drafted", "lengths"):
-                row.setdefault(key, []).extend(r.get(key, []))
-            row["rounds"] = row.get("rounds", 0) + r.get("rounds", 0) * len(r["lengths"])
-        else:
-            batch = len(r["lengths"])
-            row["tokens_per_s"] = batch * new_tokens / r["seconds"]
-            own = r["seconds"] / batch
-            shared = prefill[r["length"]]["seconds"] / prefill[r["length"]]["batch"]
-            row["seconds_per_question"] = own + (0.0 if r["method"] == "rag" else shared)
+        groups = {"all": range(len(r["lengths"]))}
+        if split and r["pass"] == "accuracy":
+            groups.update(_kinds(r))
+        for kind, picked in groups.items():
+            if not picked:
+                continue
+            row = rows.setdefault(
+                (r["length"], r["method"], kind),
+                dict(length=r["length"], method=r["method"], question_kind=kind),
+            )
+            if r["pass"] == "accuracy":
+                for key in ("correct", "accepted", "drafted", "lengths"):
+                    if key in r:
+                        row.setdefault(key, []).extend(r[key][i] for i in picked)
+                row["rounds"] = row.get("rounds", 0) + r.get("rounds", 0) * len(picked)
+            else:
+                batch = len(r["lengths"])
+                row["tokens_per_s"] = batch * new_tokens / r["seconds"]
+                own = r["seconds"] / batch
+                shared = prefill[r["length"]]["seconds"] / prefill[r["length"]]["batch"]
+                row["seconds_per_question"] = own + (0.0 if r["method"] == "rag" else shared)
     out = []
-    for (length, method), row in sorted(rows.items(), key=lambda item: item[0][0]):
+    for (length, method, kind), row in sorted(rows.items(), key=lambda item: item[0][0]):
         correct = row.get("correct", [])
         low, high = stats.wilson_interval(sum(correct), len(correct))
         summary = dict(
-            length=length, method=method, questions=len(correct),
+            length=length, method=method, question_kind=kind, questions=len(correct),
             accuracy=float(np.mean(correct)) if correct else None, low=low, high=high,
             tokens_per_s=row.get("tokens_per_s"),
             seconds_per_question=row.get("seconds_per_question"),
@@ -190,9 +216,8 @@ def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
             summary["tokens_per_round"] = sum(row["lengths"]) / max(row["rounds"], 1)
         out.append(summary)
     for row in out:
-        base = next(
-            (r for r in out if r["length"] == row["length"] and r["method"] == "target"), {}
-        )
+        key = (row["length"], "target", "all")
+        base = next((r for r in out if (r["length"], r["method"], r["question_kind"]) == key), {})
         if row["tokens_per_s"] and base.get("tokens_per_s"):
             row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
     return out
@@ -205,8 +230,10 @@ def fact_table(rows: list[dict]) -> str:
         else row
         for row in rows
     ]
+    split = any(r.get("question_kind", "all") != "all" for r in rows)
+    kinds = [("kind", "question_kind")] if split else []
     columns = [
-        ("context", "length"), ("method", "method"), ("questions", "questions"),
+        ("context", "length"), ("method", "method"), *kinds, ("questions", "questions"),
         ("accuracy", "accuracy", ".2f"), ("95% interval", "interval"),
         ("acceptance", "acceptance", ".3f"), ("tokens/round", "tokens_per_round", ".2f"),
         ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2fx"),
