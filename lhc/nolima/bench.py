@@ -51,6 +51,7 @@ from lhc.nolima.scores import LITERAL, interval_table, plot, summary, table
 # The knowledge check: each latent pair at 250 tokens, at these depths of a held-out
 # haystack; a pair answered at most once of three is reported as not known.
 PROBE_DEPTHS = (0.0, 0.5, 1.0)
+PROBE_SHUFFLE = 1000
 
 
 def _depths(text: str) -> list[float]:
@@ -90,9 +91,9 @@ def _world(world_config) -> world_lib.World:
 
 def _setup(args, tokenizer, world_config, longest: int):
     """``(cases, haystacks, held_out)``: the pairs, ``--haystacks`` haystacks per source
-    and one more, held out, for the knowledge check (``--probe``)."""
+    and one more, held out (shuffle ``PROBE_SHUFFLE``, whatever ``--haystacks``), for the
+    knowledge check (``--probe``)."""
     lines_needed = longest // 20 + 200  # generated lines hold about 45 tokens
-    count = args.haystacks + 1
     if args.world or not (args.needle_set or args.haystack):
         world = _world(world_config)
         regions = len(world.regions)
@@ -107,9 +108,9 @@ def _setup(args, tokenizer, world_config, longest: int):
                     seed=args.seed + h,
                 ),
                 tokenizer,
-                f"world{h}",
+                f"world{h}" if h < args.haystacks else "world-probe",
             )
-            for h in range(count)
+            for h in (*range(args.haystacks), PROBE_SHUFFLE)
         ]
         held_out = [haystacks.pop()]
     else:
@@ -120,9 +121,11 @@ def _setup(args, tokenizer, world_config, longest: int):
             raise SystemExit(f"--haystacks {args.haystacks} of a text file needs --shuffle")
         keywords = [a for e in experiments for t in e.tests.values() for a in t.input_args]
         haystacks, held_out = [], []
-        for h in range(count if args.shuffle else 1):
+        shuffles = (*range(args.haystacks), PROBE_SHUFFLE) if args.shuffle else (0,)
+        for h in shuffles:
             for index, path in enumerate(args.haystack):
-                name = os.path.basename(path) + (f"#{h}" if h else "")
+                suffix = "#probe" if h == PROBE_SHUFFLE else f"#{h}" if h else ""
+                name = os.path.basename(path) + suffix
                 if args.shuffle:
                     seed = 42 + index + len(args.haystack) * h
                     lines = shuffled_haystack([path], num_lines=args.shuffle, seed=seed)
@@ -133,7 +136,7 @@ def _setup(args, tokenizer, world_config, longest: int):
                     lines, dropped = filter_lines(lines, keywords)
                     print(f"{name}: {dropped} lines naming a keyword dropped")
                 haystack = Haystack(lines, tokenizer, name)
-                (held_out if h == args.haystacks else haystacks).append(haystack)
+                (held_out if h == PROBE_SHUFFLE else haystacks).append(haystack)
     cases = needle_cases(experiments, args.question_types)
     if args.orders == "alternate":
         cases = one_order_per_fact(cases)

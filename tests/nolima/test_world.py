@@ -181,7 +181,7 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, caps
     records = nolima.read_results(tmp_path / "r.jsonl")
     probe = [r for r in records if r["set"] == "probe"]
     sweep = [r for r in records if r["set"] == "sweep"]
-    assert len(probe) == 15 and {r["haystack"] for r in probe} == {"book.txt#2"}
+    assert len(probe) == 15 and {r["haystack"] for r in probe} == {"book.txt#probe"}
     assert {r["length"] for r in probe} == {250} and {r["question_type"] for r in probe} == {
         "onehop"
     }
