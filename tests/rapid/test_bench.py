@@ -144,3 +144,42 @@ def test_model_flags():
         main(["--etas", "0,x"])
     with pytest.raises(SystemExit, match="--workdir: "):
         main(["--workdir", "/nonexistent/run", "--context-lengths", "256"])
+
+
+def test_fact_sweep_in_context_batches_resumes_and_matches_one_batch(setup_files, tmp_path):
+    """--context-batch 1 prefills each context apart: the same answers as one batch of
+    both, one prefill record per context, and a rerun adds nothing."""
+    import shutil
+
+    from lhc import stats
+
+    model = setup_files / "model"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(setup_files / name, model / name)
+    rng = np.random.default_rng(0)
+    words = "the grass is green and the sky is blue while rivers run to the sea".split()
+    book = [" ".join(rng.choice(words, 12)) + "." for _ in range(400)]
+    (tmp_path / "book.txt").write_text("\n".join(book))
+    flags = (
+        f"--checkpoint {model} --dtype float32 --haystack {tmp_path / 'book.txt'} "
+        "--context-lengths 256 --samples 2 --facts-per-context 1 --paraphrased 0.5 "
+        "--new-tokens 4 --gamma 2 --etas 0 --upward-etas 0 --chunk-size 32 --min-budget 160"
+    ).split()
+    apart, together = tmp_path / "apart.jsonl", tmp_path / "together.jsonl"
+    main([*flags, "--context-batch", "1", "--results", str(apart)])
+    main([*flags, "--results", str(together)])
+    first, second = stats.read_records(apart), stats.read_records(together)
+    assert [r["contexts"] for r in first if r["pass"] == "prefill"] == [[0], [1]]
+    assert [r["contexts"] for r in second if r["pass"] == "prefill"] == [[0, 1]]
+
+    def answers(records):
+        out = {}
+        for r in records:
+            if r["pass"] == "accuracy":
+                for c, text, right in zip(r["contexts"], r["answers"], r["correct"]):
+                    out[r["method"], r["set"], c] = (text, right)
+        return out
+
+    assert answers(first) == answers(second) and len(answers(first)) == 3 * 2  # methods x contexts
+    main([*flags, "--context-batch", "1", "--results", str(apart)])
+    assert len(stats.read_records(apart)) == len(first)

@@ -215,7 +215,10 @@ def test_fact_summary_splits_literal_from_paraphrased():
     assert rows["target", "literal"]["accuracy"] == 0.5
     assert rows["target", "paraphrased"]["accuracy"] == 1.0
     assert rows["target", "all"]["tokens_per_s"] == 16.0
-    assert rows["target", "literal"]["tokens_per_s"] is None
+    # 1 s for 4 questions, after 2 s of prefill for 4 contexts (one question each here).
+    assert rows["target", "all"]["seconds_per_question"] == 0.25 + 0.5
+    assert rows["target", "all"]["seconds_per_question_shared"] == 0.25 + 0.5
+    assert rows["target", "literal"].get("tokens_per_s") is None
     assert rows["rapid", "literal"]["acceptance"] == 5 / 8
     assert rows["rapid", "paraphrased"]["acceptance"] == 1 / 8
     assert "| kind |" in fact_table(list(rows.values()))

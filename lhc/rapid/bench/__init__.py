@@ -106,6 +106,12 @@ def _parser():
         "--facts-per-context", type=int, default=3, help="with --haystack: questions per context"
     )
     parser.add_argument(
+        "--context-batch",
+        type=int,
+        default=0,
+        help="with --haystack: contexts prefilled together (default: all --samples)",
+    )
+    parser.add_argument(
         "--paraphrased",
         type=float,
         default=0.0,
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = [a for a in argv if a.startswith("--config.")]
     argv = [a for a in argv if not a.startswith("--config.")]
     args = _parser().parse_args(argv)
+    if args.context_batch < 0:
+        raise SystemExit(f"--context-batch must be >= 0, got {args.context_batch}")
     if not 0.0 <= args.paraphrased <= 1.0:  # before loading a model
         raise SystemExit(f"--paraphrased must lie in [0, 1], got {args.paraphrased}")
     if args.setup is not None:

@@ -56,7 +56,10 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
     tokenizer = loaded.tokenizer
     prefix, separator, suffix = chat
     records = stats.read_records(args.results) if args.results else []
-    done = {(r["length"], r["pass"], r["method"], r.get("set")) for r in records}
+    done = {
+        (r["length"], r["pass"], r["method"], r.get("set"), (r.get("contexts") or [0])[0])
+        for r in records
+    }
     try:
         facts = fact_contexts(
             args.haystack,
@@ -84,20 +87,24 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
         if args.results:
             stats.append_records(args.results, [record])
 
-    for length, bucket in facts.items():
+    def run_batch(length, bucket, picked):
+        """Prefills the contexts ``picked`` of ``bucket`` and runs every (pass, question set,
+        method) not yet ``done`` on them, each record emitted as it finishes."""
+        first = picked[0]
         todo = [
             (kind, j, method)
             for kind, methods in passes.items()
             for j in sets[kind]
             for method in methods
-            if (length, kind, method[0], j) not in done
+            if (length, kind, method[0], j, first) not in done
         ]
         if not todo:
-            continue
+            return
+        contexts = [bucket.contexts[c] for c in picked]
         prompts = [
             build_prompts(
-                bucket.contexts,
-                [[*tokenizer.encode(q), *suffix] for q in bucket.questions(j)],
+                contexts,
+                [[*tokenizer.encode(bucket.questions(j)[c]), *suffix] for c in picked],
                 retrieval,
                 terms=word_terms(tokenizer.decode),
                 prefix=prefix,
@@ -112,15 +119,18 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
             start = time.perf_counter()
             cache = jax.block_until_ready(prefill_contexts(model, params, prompts[0], extra=extra))
             seconds = time.perf_counter() - start
-        if (length, "prefill", "target", None) not in done:
+        cache_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(cache))
+        if (length, "prefill", "target", None, first) not in done:
             emit(
                 dict(
-                    length=length, **{"pass": "prefill"}, method="target", batch=args.samples,
+                    length=length, **{"pass": "prefill"}, method="target", contexts=list(picked),
+                    batch=len(picked), questions_per_context=args.facts_per_context,
                     seconds=seconds - clock["seconds"], compile_seconds=clock["seconds"],
+                    cache_bytes_per_context=cache_bytes // len(picked),
                     rag_tokens=[len(t) for p in prompts for t in p.rag_tokens],
                 )
             )  # fmt: skip
-        print(f"context {length}: prefilled in {seconds:.1f} s", flush=True)
+        print(f"context {length} {list(picked)}: prefilled in {seconds:.1f} s", flush=True)
         by_name = {kind: {m[0]: m for m in ms} for kind, ms in passes.items()}
         for kind, j, (name, _, _) in todo:
             _, run, uses_cache = by_name[kind][name]
@@ -130,24 +140,38 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
                 out = jax.block_until_ready(run(prompts[j], args.new_tokens, copy))
                 seconds = time.perf_counter() - start
             tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-            answers = bucket.answers(j)
+            answers = [bucket.answers(j)[c] for c in picked]
+            facts = [bucket.facts[c][j] for c in picked]
             emit(
                 dict(
-                    length=length, **{"pass": kind}, method=name, set=j,
+                    length=length, **{"pass": kind}, method=name, set=j, contexts=list(picked),
                     seconds=seconds - clock["seconds"], compile_seconds=clock["seconds"],
                     lengths=lengths.tolist(),
                     correct=[
-                        _answered(tokenizer, row, n, a)
-                        for row, n, a in zip(tokens, lengths, answers)
+                        _answered(tokenizer, row, n, a) for row, n, a in zip(tokens, lengths, answers)
                     ],
-                    depths=[d[j] for d in bucket.depths],
-                    paraphrased=[f[j].paraphrased for f in bucket.facts],
-                    fact=[f[j].statement for f in bucket.facts],
+                    answers=[
+                        tokenizer.decode([int(t) for t in row[:n]]) for row, n in zip(tokens, lengths)
+                    ] if kind == "accuracy" else None,
+                    depths=[bucket.depths[c][j] for c in picked],
+                    paraphrased=[f.paraphrased for f in facts],
+                    fact=[f.statement for f in facts],
                     **_speculative_fields(out),
                 )
             )  # fmt: skip
-            print(f"context {length}: {kind} {name} set {j}: {seconds:.1f} s", flush=True)
+            print(
+                f"context {length} {list(picked)}: {kind} {name} set {j}: {seconds:.1f} s",
+                flush=True,
+            )
         del cache
+
+    # Contexts go through in batches of --context-batch (a long context's cache may not
+    # fit many times over): one prefill per batch, shared by every question set.
+    step = args.context_batch or args.samples
+    for length, bucket in facts.items():
+        for first in range(0, args.samples, step):
+            picked = range(first, min(first + step, args.samples))
+            run_batch(length, bucket, picked)
     result = fact_summary(records, args.new_tokens)
     print(
         f"\ngreedy, {args.samples} contexts x {args.facts_per_context} questions per length, "
@@ -174,7 +198,12 @@ def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
     target, and seconds per question counting the context's prefill (speed pass). The
     ``"literal"`` and ``"paraphrased"`` rows are there when some question is paraphrased.
     """
-    prefill = {r["length"]: r for r in records if r["pass"] == "prefill"}
+    prefill: dict[int, list[float]] = {}  # length: [seconds, contexts, questions per context]
+    for r in records:
+        if r["pass"] == "prefill":
+            totals = prefill.setdefault(r["length"], [0.0, 0, r.get("questions_per_context", 1)])
+            totals[0] += r["seconds"]
+            totals[1] += r["batch"]
     split = any(any(r.get("paraphrased") or ()) for r in records)
     rows: dict[tuple[int, str, str], dict] = {}
     for r in records:
@@ -196,11 +225,8 @@ def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
                         row.setdefault(key, []).extend(r[key][i] for i in picked)
                 row["rounds"] = row.get("rounds", 0) + r.get("rounds", 0) * len(picked)
             else:
-                batch = len(r["lengths"])
-                row["tokens_per_s"] = batch * new_tokens / r["seconds"]
-                own = r["seconds"] / batch
-                shared = prefill[r["length"]]["seconds"] / prefill[r["length"]]["batch"]
-                row["seconds_per_question"] = own + (0.0 if r["method"] == "rag" else shared)
+                row["speed_questions"] = row.get("speed_questions", 0) + len(r["lengths"])
+                row["speed_seconds"] = row.get("speed_seconds", 0.0) + r["seconds"]
     out = []
     for (length, method, kind), row in sorted(rows.items(), key=lambda item: item[0][0]):
         correct = row.get("correct", [])
@@ -208,9 +234,19 @@ def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
         summary = dict(
             length=length, method=method, question_kind=kind, questions=len(correct),
             accuracy=float(np.mean(correct)) if correct else None, low=low, high=high,
-            tokens_per_s=row.get("tokens_per_s"),
-            seconds_per_question=row.get("seconds_per_question"),
         )  # fmt: skip
+        if row.get("speed_questions"):
+            # Decoding new_tokens per question from the cached context; end to end, the
+            # context's prefill too (for a method that reads it): all of it for a question
+            # alone, its share when the context's questions come together.
+            own = row["speed_seconds"] / row["speed_questions"]
+            seconds, contexts, per_context = prefill.get(length, (0.0, 1, 1))
+            context = 0.0 if method == "rag" else seconds / max(contexts, 1)
+            summary.update(
+                tokens_per_s=new_tokens / own,
+                seconds_per_question=own + context,
+                seconds_per_question_shared=own + context / per_context,
+            )
         if row.get("drafted"):
             summary["acceptance"] = sum(row["accepted"]) / max(sum(row["drafted"]), 1)
             summary["tokens_per_round"] = sum(row["lengths"]) / max(row["rounds"], 1)
@@ -218,7 +254,7 @@ def fact_summary(records: list[dict], new_tokens: int) -> list[dict]:
     for row in out:
         key = (row["length"], "target", "all")
         base = next((r for r in out if (r["length"], r["method"], r["question_kind"]) == key), {})
-        if row["tokens_per_s"] and base.get("tokens_per_s"):
+        if row.get("tokens_per_s") and base.get("tokens_per_s"):
             row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"]
     return out
 
@@ -237,6 +273,7 @@ def fact_table(rows: list[dict]) -> str:
         ("accuracy", "accuracy", ".2f"), ("95% interval", "interval"),
         ("acceptance", "acceptance", ".3f"), ("tokens/round", "tokens_per_round", ".2f"),
         ("tok/s", "tokens_per_s", ".1f"), ("speedup", "speedup", ".2fx"),
-        ("s/question", "seconds_per_question", ".1f"),
+        ("s/question alone", "seconds_per_question", ".1f"),
+        ("s/question shared", "seconds_per_question_shared", ".1f"),
     ]  # fmt: skip
     return stats.markdown_table(columns, rows)
