@@ -82,7 +82,10 @@ def fact_sweep(args, loaded, retrieval: RetrievalConfig, chat: tuple) -> dict:
     passes = {"accuracy": methods(loaded.stop_tokens), "speed": methods(())}
     sets = {"accuracy": range(args.facts_per_context), "speed": [0]}
 
+    tags = {"model": args.checkpoint or args.workdir, **bench.provenance(args)}
+
     def emit(record):
+        record = {**tags, **record}
         records.append(record)
         if args.results:
             stats.append_records(args.results, [record])
