@@ -382,12 +382,34 @@ def _flash_attention(query, key, value, query_positions, key_positions, *, scale
     )
 
 
+def _ring_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    """The sequence split over the mesh, keys and values passed around a ring."""
+    from lhc.nn.ring_attention import sequence_parallel_attention
+
+    return sequence_parallel_attention(
+        query, key, value, query_positions, key_positions, scale=scale, window=window
+    )
+
+
+def _allgather_attention(query, key, value, query_positions, key_positions, *, scale, window=None):
+    """The sequence split over the mesh, every device gathering all keys and values."""
+    from lhc.nn.ring_attention import sequence_parallel_attention
+
+    return sequence_parallel_attention(
+        query, key, value, query_positions, key_positions,
+        scale=scale, window=window, variant="allgather",
+    )  # fmt: skip
+
+
 _IMPLEMENTATIONS: dict[str, AttentionImpl] = {
     # Materialises the float32 scores [B, K, G, T, S]: fastest for short sequences.
     "xla": _xla_attention,
     # Bounded memory for long prompts, everywhere (kernels_pallas/flash_attention.py).
     "chunked": _chunked_attention,
     "flash": _flash_attention,
+    # The sequence split over the mesh's act_len axes (lhc/nn/ring_attention.py).
+    "ring": _ring_attention,
+    "allgather": _allgather_attention,
 }
 
 

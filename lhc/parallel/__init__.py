@@ -14,9 +14,11 @@ from lhc.parallel.mesh import (
     replicated,
     resolve_mesh_shape,
     rules_from_config,
+    sequence_parallel_rules,
     sharded_init,
     tree_bytes,
     unbox,
+    zigzag_order,
 )
 from lhc.parallel.offload import host_put_rows, host_take_rows, to_device, to_host
 
@@ -38,7 +40,9 @@ __all__ = [
     "replicated",
     "resolve_mesh_shape",
     "rules_from_config",
+    "sequence_parallel_rules",
     "sharded_init",
     "tree_bytes",
     "unbox",
+    "zigzag_order",
 ]

@@ -1,9 +1,11 @@
 """Device meshes, logical-axis rules and sharded initialisation.
 
-The mesh has three axes: ``data`` (pure data parallelism), ``fsdp`` (data parallel
-with parameters and optimizer state sharded along it) and ``tensor`` (model
-parallel over heads and MLP width). A config names the sizes; one of them may be -1
-("whatever devices remain").
+The mesh has four axes: ``data`` (pure data parallelism), ``fsdp`` (data parallel
+with parameters and optimizer state sharded along it), ``tensor`` (model parallel over
+heads and MLP width) and ``sequence`` (the tokens of each sequence split over devices:
+activations, attention by ``impl="ring"`` or ``"allgather"``, the decoding cache). A
+config names the sizes (a 3-tuple, as recorded before the sequence axis, means a
+sequence axis of 1); one of them may be -1 ("whatever devices remain").
 
 Parameters and activations carry *logical* axis names; ``LOGICAL_AXIS_RULES`` maps
 them to mesh axes, and a config may override that table.
@@ -25,7 +27,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "sequence")
 
 # Parameter names: vocab, embed, mlp, heads, kv_heads, kv (head dim), layers, norm.
 # Activation names start with act_ (and cache_ for decoding caches).
@@ -76,11 +78,48 @@ def long_context_decode_rules(
     return tuple(out) + tuple(changed.items())
 
 
+def sequence_parallel_rules(
+    rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES, axis: str = "sequence"
+) -> tuple[tuple[str, Any], ...]:
+    """``rules`` with the tokens of activations (``act_len``) and the decoding cache's
+    slots (``cache_len``) split over the mesh axis ``axis``: training and prefill of
+    sequences longer than one device holds (with ``attention_impl="ring"`` or
+    ``"allgather"``), and decoding from the cache they leave, each device attending to
+    its slots (see ``long_context_decode_rules``)."""
+    changed = {"act_len": axis, "cache_len": axis}
+    out = [(name, changed.pop(name) if name in changed else target) for name, target in rules]
+    return tuple(out) + tuple(changed.items())
+
+
+def zigzag_order(length: int, shards: int) -> np.ndarray:
+    """The token order that balances causal attention over ``shards`` devices.
+
+    The sequence is cut into ``2 * shards`` chunks; device ``i`` takes chunks ``i`` and
+    ``2 * shards - 1 - i``, so each holds an early and a late part and every device has
+    the same number of visible (query, key) pairs. ``x[..., order]`` lays out tokens,
+    positions and targets alike (attention masks by position, so the model's result per
+    token is unchanged); ``np.argsort(order)`` undoes it.
+
+    Raises:
+        ValueError: ``length`` not a multiple of ``2 * shards``.
+    """
+    if shards < 1 or length % (2 * shards):
+        raise ValueError(
+            f"zigzag_order: length must be a multiple of 2 * shards = {2 * shards}, got {length}"
+        )
+    chunks = np.arange(length).reshape(2 * shards, -1)
+    return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(shards)])
+
+
 def resolve_mesh_shape(
     shape: Sequence[int], num_devices: int, axes: Sequence[str] = MESH_AXES
 ) -> tuple[int, ...]:
-    """Replaces a single -1 in ``shape`` so that the product equals ``num_devices``."""
+    """Replaces a single -1 in ``shape`` so that the product equals ``num_devices``
+    (a shape of one size fewer than ``MESH_AXES``, as recorded before the ``sequence``
+    axis, gets a sequence axis of 1)."""
     shape = tuple(int(s) for s in shape)
+    if tuple(axes) == MESH_AXES and len(shape) == len(MESH_AXES) - 1:
+        shape += (1,)
     if len(shape) != len(axes):
         raise ValueError(f"mesh_shape must have one size per axis {tuple(axes)}, got {shape}")
     if shape.count(-1) > 1:
@@ -103,13 +142,15 @@ def resolve_mesh_shape(
 
 
 def make_mesh(
-    shape: Sequence[int] = (-1, 1, 1),
+    shape: Sequence[int] = (-1, 1, 1, 1),
     axes: Sequence[str] = MESH_AXES,
     devices: Sequence[Any] | None = None,
 ) -> Mesh:
     """Builds a mesh with Auto axis types (needed by linen's logical constraints)."""
     devices = list(jax.devices() if devices is None else devices)
     shape = tuple(int(s) for s in shape)
+    if tuple(axes) == MESH_AXES and len(shape) == len(MESH_AXES) - 1:
+        shape += (1,)
     if -1 not in shape and 0 < math.prod(shape) < len(devices):
         # An explicit shape smaller than the machine (e.g. (1, 1, 1) on 8 devices) runs
         # on the first devices only; say so, since the others sit idle.
@@ -124,13 +165,18 @@ def make_mesh(
 def mesh_from_config(config, devices: Sequence[Any] | None = None) -> Mesh:
     """The mesh named by ``config.mesh_shape`` (and optionally ``config.mesh_axes``)."""
     axes = tuple(config.get("mesh_axes", MESH_AXES))
-    return make_mesh(tuple(config.get("mesh_shape", (-1, 1, 1))), axes, devices)
+    return make_mesh(tuple(config.get("mesh_shape", (-1, 1, 1, 1))), axes, devices)
 
 
 def rules_from_config(config) -> tuple[tuple[str, Any], ...]:
-    """Logical-axis rules of ``config`` (``config.logical_axis_rules``) or the defaults."""
+    """Logical-axis rules of ``config`` (``config.logical_axis_rules``), or the defaults:
+    ``sequence_parallel_rules()`` when ``config.mesh_shape`` splits the sequence axis."""
     rules = config.get("logical_axis_rules", None)
     if rules is None:
+        shape = tuple(config.get("mesh_shape", ()))
+        axes = tuple(config.get("mesh_axes", MESH_AXES))
+        if "sequence" in axes and len(shape) == len(axes) and shape[axes.index("sequence")] != 1:
+            return sequence_parallel_rules()
         return LOGICAL_AXIS_RULES
     return tuple((str(name), _as_mesh_axes(target)) for name, target in rules)
 

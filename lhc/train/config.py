@@ -42,11 +42,15 @@ def base_config(task: str) -> ml_collections.ConfigDict:
     # A jax.profiler trace of the steps a <= i < b (0-based) into WORKDIR/profile, e.g.
     # --config.profile_steps="(5,8)"; () traces nothing.
     config.profile_steps = ()
-    # Mesh over all devices: data parallel by default; fsdp/tensor set per run, e.g.
-    # --config.mesh_shape="(2,4,1)". One size may be -1.
-    config.mesh_axes = ("data", "fsdp", "tensor")
-    config.mesh_shape = (-1, 1, 1)
-    config.logical_axis_rules = None  # None: lhc.parallel.LOGICAL_AXIS_RULES
+    # Mesh over all devices: data parallel by default; fsdp/tensor/sequence set per run,
+    # e.g. --config.mesh_shape="(2,4,1,1)", or "(1,1,1,8)" to split each sequence over 8
+    # devices (with --config.model.attention_impl=ring or allgather). One size may be -1;
+    # a 3-tuple (as recorded before the sequence axis) leaves the sequence whole.
+    config.mesh_axes = ("data", "fsdp", "tensor", "sequence")
+    config.mesh_shape = (-1, 1, 1, 1)
+    # None: lhc.parallel.LOGICAL_AXIS_RULES, or sequence_parallel_rules() when the mesh
+    # splits the sequence.
+    config.logical_axis_rules = None
     return config
 
 

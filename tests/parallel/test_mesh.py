@@ -7,8 +7,8 @@ from lhc import parallel
 
 
 def test_resolve_mesh_shape():
-    assert parallel.resolve_mesh_shape((-1, 2, 1), 8) == (4, 2, 1)
-    assert parallel.resolve_mesh_shape((2, 2, 2), 8) == (2, 2, 2)
+    assert parallel.resolve_mesh_shape((-1, 2, 1), 8) == (4, 2, 1, 1)  # a 3-tuple: no sequence axis
+    assert parallel.resolve_mesh_shape((2, 2, 2), 8) == (2, 2, 2, 1)
     with pytest.raises(ValueError, match="at most one -1"):
         parallel.resolve_mesh_shape((-1, -1, 1), 8)
     with pytest.raises(ValueError, match="not divisible by 3"):

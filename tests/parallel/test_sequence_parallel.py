@@ -1,0 +1,149 @@
+"""The sequence mesh axis: ring and all-gather attention, a Transformer's loss and
+gradients and its prefill and greedy decoding with the tokens split over 8 host devices,
+each equal to one device; the zig-zag layout; 3-axis mesh shapes."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from lhc import parallel
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, os, runpy
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_default_matmul_precision", "highest")
+    import flax.linen as nn
+    from lhc import lm
+    from lhc.nn.attention_ops import dot_product_attention
+    from lhc.parallel import make_mesh, sequence_parallel_rules, zigzag_order
+    random_params = runpy.run_path(os.environ["LHC_TESTS_SUPPORT"])["random_params"]
+    rules = sequence_parallel_rules()
+    rng = np.random.default_rng(0)
+    results = {"attention": [], "model": [], "generate": []}
+
+    # Attention alone: GQA (4 query heads over 2 key/value heads), padding in one row,
+    # causal and windowed, the tokens in zig-zag order over the sequence axis.
+    B, T, N, K, H = 2, 64, 4, 2, 8
+    q = jnp.asarray(rng.normal(size=(B, T, N, H)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.float32)
+    pos = np.tile(np.arange(T), (B, 1)); pos[1, :5] = -1
+    def attention(impl, window, q, k, v, p):
+        return dot_product_attention(q, k, v, p, p, impl=impl, window=window)
+    def loss(impl, window, q, k, v, p):
+        return (attention(impl, window, q, k, v, p) ** 2).sum()
+    for window in (None, 9):
+        want = attention("xla", window, q, k, v, jnp.asarray(pos))
+        want_grads = jax.grad(loss, argnums=(2, 3, 4))("xla", window, q, k, v, jnp.asarray(pos))
+        for shape in ((1, 1, 1, 8), (1, 2, 2, 2)):
+            order = zigzag_order(T, shape[3]); back = np.argsort(order)
+            args = (q[:, order], k[:, order], v[:, order], jnp.asarray(pos[:, order]))
+            for impl in ("ring", "allgather"):
+                with jax.set_mesh(make_mesh(shape)), nn.logical_axis_rules(rules):
+                    got = jax.jit(attention, static_argnums=(0, 1))(impl, window, *args)
+                    grads = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))(impl, window, *args)
+                results["attention"].append(dict(
+                    window=window, shape=shape, impl=impl,
+                    error=float(jnp.abs(got[:, back] - want).max()),
+                    grad_error=max(float(jnp.abs(g[:, back] - w).max()) for g, w in zip(grads, want_grads)),
+                ))
+
+    # A Transformer (one sliding-window layer, one full, GQA): loss and gradients.
+    base = dict(num_heads=4, num_kv_heads=2, vocab_size=96, mlp_dim=64, max_len=256,
+                sliding_window=16, full_attention_layers=(1,))
+    config = lm.LMConfig.tiny(**base)
+    params = random_params(config, scale=0.5)
+    tokens = rng.integers(0, 96, (2, T)); targets = rng.integers(0, 96, (2, T))
+    positions = np.tile(np.arange(T), (2, 1))
+    def nll(model, params, t, p, y):
+        logits, _ = model.apply({"params": params}, t, p)
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], -1).mean()
+    want, want_grads = jax.value_and_grad(
+        lambda pr: nll(lm.Transformer(config), pr, tokens, positions, targets))(params)
+    for shape, impl in (((1, 1, 1, 8), "ring"), ((2, 1, 1, 4), "ring"), ((1, 2, 2, 2), "allgather")):
+        c = lm.LMConfig.tiny(**base, attention_impl=impl)
+        model, mesh = lm.Transformer(c), make_mesh(shape)
+        order = zigzag_order(T, shape[3])
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            sharded = jax.device_put(params, lm.param_shardings(c, mesh, rules))
+            got, grads = jax.jit(jax.value_and_grad(lambda pr, t, p, y: nll(model, pr, t, p, y)))(
+                sharded, tokens[:, order], positions[:, order], targets[:, order])
+        results["model"].append(dict(
+            shape=shape, impl=impl, loss=float(got), want=float(want),
+            grad_error=max(float(jnp.abs(a - b).max()) for a, b in
+                           zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads))),
+        ))
+
+    # Prefill in chunks and 32 greedy tokens, the cache's slots split over the axis.
+    prompts = [rng.integers(0, 96, 100).tolist(), rng.integers(0, 96, 77).tolist()]
+    single = lm.generate(lm.Transformer(config), params, prompts, max_new_tokens=32, prefill_chunk=64)
+    c = lm.LMConfig.tiny(**base, attention_impl="ring")
+    mesh = make_mesh((1, 1, 1, 8))
+    out = lm.generate(
+        lm.Transformer(c), jax.device_put(params, lm.param_shardings(c, mesh, rules)), prompts,
+        max_new_tokens=32, prefill_chunk=64, mesh=mesh, rules=rules,
+    )
+    results["generate"] = dict(
+        equal=bool((np.asarray(out.tokens) == np.asarray(single.tokens)).all()),
+        distinct=int(len(np.unique(np.asarray(single.tokens)))),
+        cache_specs=sorted({str(x.sharding.spec) for x in jax.tree.leaves(out.cache) if x.ndim >= 3}),
+    )
+    print("RESULT " + json.dumps(results))
+    """
+)
+
+
+@pytest.mark.multidevice
+@pytest.mark.slow
+def test_sequence_parallel_attention_model_and_decoding_equal_one_device():
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        JAX_PLATFORMS="cpu",
+        LHC_TESTS_SUPPORT=str(pathlib.Path(__file__).resolve().parents[1] / "support.py"),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
+    results = json.loads(line[len("RESULT ") :])
+    assert len(results["attention"]) == 8
+    for r in results["attention"]:
+        assert r["error"] < 1e-5 and r["grad_error"] < 1e-4, r
+    for r in results["model"]:
+        assert abs(r["loss"] - r["want"]) < 1e-5 and r["grad_error"] < 1e-5, r
+    generate = results["generate"]
+    assert generate["equal"] and generate["distinct"] > 10, generate
+    # Every layer's cache keeps its slots split over the sequence axis.
+    assert generate["cache_specs"] and all("'sequence'" in s for s in generate["cache_specs"])
+
+
+def test_zigzag_order_gives_every_shard_the_same_causal_work():
+    for length, shards in ((16, 2), (64, 8), (96, 4)):
+        order = parallel.zigzag_order(length, shards)
+        assert sorted(order) == list(range(length))
+        # Visible (query, key) pairs under a causal mask, per shard, counted directly.
+        work = [
+            sum(q + 1 for q in part) for part in np.split(np.asarray(order), shards)
+        ]  # a query at position q sees q + 1 keys
+        assert len(set(work)) == 1, work
+    with pytest.raises(ValueError, match="multiple of 2 \\* shards = 8, got 12"):
+        parallel.zigzag_order(12, 4)
+
+
+def test_three_axis_mesh_shapes_and_sequence_rules():
+    assert parallel.resolve_mesh_shape((2, 1, 4), 8) == (2, 1, 4, 1)
+    assert parallel.resolve_mesh_shape((1, 1, 1, -1), 8) == (1, 1, 1, 8)
+    rules = dict(parallel.rules_from_config({"mesh_shape": (1, 2, 1, 4)}))
+    assert rules["act_len"] == "sequence" and rules["cache_len"] == "sequence"
+    assert dict(parallel.rules_from_config({"mesh_shape": (2, 1, 4)}))["act_len"] is None
