@@ -20,11 +20,12 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
 from lhc.nn.config import build_model, registered_models, registered_name
-from lhc.parallel import global_batch
+from lhc.parallel import global_batch, zigzag_order
 from lhc.train.tasks import Task, import_path
 
 DEFAULT_MODEL_FACTORY = "transformer"
@@ -110,7 +111,26 @@ class CausalLMTask(Task):
     def _make_batch(self, seed, index, rows):
         generator = _GENERATORS[self.config.data.name]
         kwargs = self._generator_kwargs()
-        return stack_rows(lambda rng: generator(rng, 1, **kwargs), row_rngs(seed, index, rows))
+        batch = stack_rows(lambda rng: generator(rng, 1, **kwargs), row_rngs(seed, index, rows))
+        return self._laid_out(batch)
+
+    def _laid_out(self, batch):
+        """``batch`` in the token order of the mesh: with the sequence split over devices
+        (a ``sequence`` mesh axis above 1), the zig-zag order that gives every device
+        equal causal-attention work (``lhc.parallel.zigzag_order``; config
+        ``sequence_layout="contiguous"`` keeps the order), every ``[B, T]`` array
+        permuted alike and the tokens' ``positions`` added. The model masks attention by
+        position and the loss sums over tokens, so the result is the same."""
+        shards = dict(getattr(self.mesh, "shape", {})).get("sequence", 1)
+        if shards == 1 or self.config.get("sequence_layout", "zigzag") != "zigzag":
+            return batch
+        length = batch["tokens"].shape[1]
+        order = zigzag_order(length, shards)
+        out = {
+            k: v[:, order] if v.ndim == 2 and v.shape[1] == length else v for k, v in batch.items()
+        }
+        out["positions"] = np.broadcast_to(order.astype(np.int32), batch["tokens"].shape).copy()
+        return out
 
     def _make_eval_batch(self, seed, index, rows):
         """Held-out batches: by default drawn as the training batches are."""
@@ -147,9 +167,11 @@ class CausalLMTask(Task):
 
     def _logits(self, params, batch, rng=None):
         tokens = batch["tokens"]
-        positions = jnp.broadcast_to(
-            jnp.arange(tokens.shape[1], dtype=jnp.int32)[None], tokens.shape
-        )
+        positions = batch.get("positions")
+        if positions is None:
+            positions = jnp.broadcast_to(
+                jnp.arange(tokens.shape[1], dtype=jnp.int32)[None], tokens.shape
+            )
         # In training the model gets an rng stream "train" for whatever it draws only then
         # (GCA's Gumbel retrieval noise); a model without such noise ignores it.
         rngs = None if rng is None else {"train": rng}

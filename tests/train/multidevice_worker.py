@@ -20,6 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import flax.linen  # noqa: E402
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lhc import parallel, train  # noqa: E402
@@ -70,8 +71,20 @@ def layouts(config):
     return {"mesh": dict(exp.mesh.shape), "rules": [list(r) for r in exp.rules], "leaves": rows}
 
 
-def run(name, mesh_shape):
+def copy_config(mesh_shape, attention_impl):
+    """The tiny config on the copy task: 16 tokens, which a sequence axis of 4 splits
+    in zig-zag order (2 x 4 chunks)."""
     config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
+    with config.unlocked():
+        config.data = ml_collections.ConfigDict(dict(name="copy", length=8, vocab_size=16))
+    config.model.vocab_size, config.model.max_len = 16, 16
+    config.model.attention_impl = attention_impl
+    return config
+
+
+def run(name, mesh_shape, config=None):
+    if config is None:
+        config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
     path = os.path.join(workdir, name)
     train.train_and_evaluate(config, path)
     losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
@@ -89,6 +102,9 @@ if mode == "meshes":
         "single": run("single", "(1,1,1)"),
         "data2_fsdp4": run("data2_fsdp4", "(2,4,1)"),
         "data2_tensor4": run("data2_tensor4", "(2,1,4)"),
+        # The sequence split over 4 devices (ring attention, zig-zag order), fsdp over 2.
+        "copy_single": run("copy_single", None, copy_config("(1,1,1,1)", "xla")),
+        "copy_fsdp2_sequence4": run("copy_seq", None, copy_config("(1,2,1,4)", "ring")),
     }
 elif mode == "single":
     results = {"single": run("single", "(1,1,1)")}

@@ -45,6 +45,12 @@ def test_eight_devices_match_one(tmp_path):
         np.testing.assert_allclose(results[name]["params"], single["params"], rtol=1e-4, atol=1e-6)
     # the runs really trained: parameters moved and differ from a fresh init's losses
     assert single["losses"][0] != single["losses"][-1]
+    # The sequence axis (ring attention over zig-zag-ordered tokens) trains as one device.
+    copy, split = results["copy_single"], results["copy_fsdp2_sequence4"]
+    assert split["layouts"]["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1, "sequence": 4}
+    np.testing.assert_allclose(split["losses"], copy["losses"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(split["params"], copy["params"], rtol=1e-4, atol=1e-6)
+    assert copy["losses"][0] != copy["losses"][-1]
     for name in ("data2_fsdp4", "data2_tensor4"):
         _check_sharded_as_the_rules_say(results[name]["layouts"])
 
