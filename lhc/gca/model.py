@@ -89,6 +89,7 @@ from lhc.nn.config import build_model, register_model
 from lhc.nn.linear import Einsum, Embed, output_logits
 from lhc.nn.mlp import SwiGLU
 from lhc.nn.norms import RMSNorm
+from lhc.nn.ring_attention import refuse_sequence_axis
 from lhc.nn.rope import apply_rope, rope_frequencies
 from lhc.parallel.mesh import map_over_batch
 from lhc.parallel.offload import host_put_rows, host_take_rows
@@ -487,6 +488,7 @@ class GCA(nn.Module):
                 the sequence, or a cache that cannot take the tokens.
         """
         cfg = self.config
+        refuse_sequence_axis("GCA")  # chunk retrieval reads every earlier chunk
         _check_inputs(cfg, tokens, positions, cache)
         positions = positions.astype(jnp.int32)
         stream = stream_layout(cfg, tokens, positions, cache)

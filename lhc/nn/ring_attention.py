@@ -52,6 +52,23 @@ def sequence_axes() -> tuple[str, ...]:
     return tuple(n for n in _mesh_axes("act_len", mesh) if mesh.shape[n] > 1)
 
 
+def refuse_sequence_axis(model: str) -> None:
+    """Raises for a model that cannot split its sequence over devices (its chunk memory
+    or recurrent state runs along the tokens) when the mesh in force would.
+
+    Raises:
+        ValueError: ``act_len`` maps to mesh axes of more than one device.
+    """
+    axes = sequence_axes()
+    if axes:
+        mesh = jax.sharding.get_abstract_mesh()
+        sizes = {a: mesh.shape[a] for a in axes}
+        raise ValueError(
+            f"{model} does not split a sequence over devices, but the mesh and rules "
+            f"split its tokens over {sizes}: use a mesh_shape with sequence 1"
+        )
+
+
 def _visible(query_positions, key_positions, window):
     """``[b, t, s]`` mask: key visible to query (lhc.nn.attention_ops' convention)."""
     q = query_positions[:, :, None]

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from lhc.nn import Embed, RMSNorm, output_logits
+from lhc.nn.ring_attention import refuse_sequence_axis
 from lhc.recurrent.cache import RecurrentCache, layer_history
 from lhc.recurrent.config import RecurrentLMConfig
 
@@ -58,6 +59,8 @@ class RecurrentLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, cache: RecurrentCache | None = None, *, last_only=False):
+        # The state runs along the tokens (a ring passing chunk states is not built).
+        refuse_sequence_axis(type(self).__name__)
         return recurrent_lm_forward(
             self.config,
             tokens,
