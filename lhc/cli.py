@@ -256,12 +256,20 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"lhc eval: {error}") from None
         print(json.dumps(metrics, indent=2, sort_keys=True))
     elif args.command == "compile":
+        import jax
+
         from lhc.train.aot import compile_train_step
 
         try:
             report = compile_train_step(config, args.topology)
         except ValueError as error:
             raise SystemExit(f"lhc compile: {error}") from None
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            # The step does not fit the device's memory: the compiler's one-line reason.
+            reason = str(error).split("RESOURCE_EXHAUSTED:", 1)[1].strip().splitlines()[0]
+            raise SystemExit(f"lhc compile: does not fit {args.topology}: {reason}") from None
         print(report.format())
     return 0
 

@@ -111,6 +111,9 @@ def _fold_blocks(state, query, key, value, query_positions, key_positions, scale
     first_q = jnp.min(jnp.where(valid_q, query_positions, jnp.iinfo(jnp.int32).max))
     last_q = jnp.max(jnp.where(valid_q, query_positions, -1))
 
+    # Under autodiff a block's scores are recomputed, not kept: what each step leaves
+    # for the backward pass is the softmax state, not [t, block] scores per head.
+    @jax.checkpoint
     def step(state, blocks):
         k, v, kp = blocks
         valid_k = kp >= 0
