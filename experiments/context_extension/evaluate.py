@@ -27,20 +27,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import re
-import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc import lm, stats
+from lhc import bench, lm, stats
 from lhc.data.text_files import TextFiles
-from lhc.lm.checkpoints import default_layers, resolve_checkpoint
+from lhc.lm.checkpoints import default_layers
 from lhc.train import load_language_model
 from lhc.train.passkey import Filler
 
@@ -109,19 +107,6 @@ def _load(args):
     if layers["scan_layers"]:
         params = lm.stack_layer_params(params, config.num_layers, config.layer_period)
     return dataclasses.replace(ckpt, model=lm.Transformer(config), params=params)
-
-
-def _provenance(args) -> dict:
-    source = args.checkpoint or args.workdir
-    if args.checkpoint:
-        path = resolve_checkpoint(args.checkpoint)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                source = hashlib.file_digest(f, "sha256").hexdigest()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {"model": args.label, "source": source, "lhc_commit": commit}
 
 
 def passkey_tests(args, ckpt, held_out: np.ndarray, done: set, base: dict):
@@ -228,7 +213,7 @@ def main(argv=None) -> int:
     text = TextFiles(args.text, ckpt.tokenizer, bucketed, eval_fraction=0.05)
     short = TextFiles(args.text, ckpt.tokenizer, 512, eval_fraction=0.05)
     held_out = text.held_out.tokens
-    base = _provenance(args)
+    base = {"model": args.label, **bench.provenance(args)}
     for tests in (
         passkey_tests(args, ckpt, held_out, done, base),
         position_tests(args, ckpt, text, done, base),
