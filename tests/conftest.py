@@ -28,6 +28,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache_dir
     atexit.register(shutil.rmtree, _cache_dir, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Most tests spend their time in XLA's CPU compiler, not in what it compiles: LLVM's
+# optimisation passes off. XLA's own graph passes (fusion, simplification) still run and
+# LLVM keeps IEEE float semantics without fast-math, so this changes how fast the code
+# runs, not what it computes; tests/gca + tests/emloc took 269 s instead of 433 s on 2
+# cores. The suite's subprocesses inherit it (they append their own flags).
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
 import hypothesis  # noqa: E402, F401
 import jax  # noqa: E402

@@ -14,7 +14,7 @@ import numpy as np
 
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.icl import classification, superposition
-from lhc.parallel import global_batch
+from lhc.parallel import batch_share, global_batch
 from lhc.train.causal_lm import CausalLMTask
 
 
@@ -69,7 +69,7 @@ class PretrainTask(CausalLMTask):
 
     def evaluate(self, params):
         metrics = super().evaluate(params)
-        iterator = self._eval_iterator(jax.process_index(), jax.process_count())
+        iterator = self._eval_iterator(*batch_share(self.mesh, self.rules))
 
         def counts(params, batch):
             rows = jnp.arange(batch["query"].shape[0])

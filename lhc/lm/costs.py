@@ -66,3 +66,51 @@ def prefill_flops(config: LMConfig, length: int) -> dict[str, float]:
     )
     head = 2.0 * d * config.vocab_size
     return dict(weights=weights, attention=attention, head=head, total=weights + attention + head)
+
+
+def ring_attention_costs(
+    config: LMConfig, length: int, sequence: int, batch_size: int = 1
+) -> dict[str, float]:
+    """What ring attention (``attention_impl="ring"``) sends and computes on one device
+    when ``batch_size`` windows of ``length`` tokens are split over ``sequence`` devices
+    in zig-zag order, in the forward pass of every layer together.
+
+    Each device holds ``length / sequence`` tokens of each window and passes its keys,
+    values and their int32 positions on ``sequence - 1`` times per layer. A training step
+    with every layer rematerialised sends them again in the recomputation and sends the
+    keys' and values' gradients back in the backward pass: about three times
+    ``bytes_sent``. ``attention_flops`` counts the visible (query, key) pairs
+    (``visible_pairs``, each layer its own window), split equally by the zig-zag order;
+    blocks that a mask cuts through are computed whole, so the ring does a little more.
+
+    Returns:
+        ``tokens_per_device``, ``bytes_sent``, ``attention_flops``, and
+        ``flops_per_byte``: a device's ring transfers hide behind its attention when
+        that is at least (its matmul rate) / (the bandwidth of one ring link).
+    """
+    if sequence < 1 or length % sequence:
+        raise ValueError(
+            f"ring_attention_costs: sequence must be >= 1 and divide length={length}, "
+            f"got {sequence}"
+        )
+    tokens = length // sequence
+    itemsize = jnp.dtype(config.dtype).itemsize
+    per_step = batch_size * tokens * (2 * config.num_kv_heads * config.head_dim * itemsize + 4)
+    bytes_sent = float(config.num_layers * (sequence - 1) * per_step)
+    flops = (
+        batch_size
+        * sum(
+            4.0
+            * config.num_heads
+            * config.head_dim
+            * visible_pairs(length, config.layer_window(layer))
+            for layer in range(config.num_layers)
+        )
+        / sequence
+    )
+    return dict(
+        tokens_per_device=float(tokens),
+        bytes_sent=bytes_sent,
+        attention_flops=flops,
+        flops_per_byte=flops / bytes_sent if bytes_sent else float("inf"),
+    )

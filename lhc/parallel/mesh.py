@@ -85,8 +85,15 @@ def sequence_parallel_rules(
     slots (``cache_len``) split over the mesh axis ``axis``: training and prefill of
     sequences longer than one device holds (with ``attention_impl="ring"`` or
     ``"allgather"``), and decoding from the cache they leave, each device attending to
-    its slots (see ``long_context_decode_rules``)."""
-    changed = {"act_len": axis, "cache_len": axis}
+    its slots (see ``long_context_decode_rules``).
+
+    The parameters' ``embed`` dimension, and so the optimizer state, is split over
+    ``axis`` as well as the axes it had (``fsdp``): the devices of a sequence hold
+    different tokens but the same weights, so they share the weights' memory the way
+    fsdp rows do, each layer's weights gathered when it runs."""
+    embed = dict(rules).get("embed")
+    embed = () if embed is None else (embed,) if isinstance(embed, str) else tuple(embed)
+    changed = {"act_len": axis, "cache_len": axis, "embed": (*embed, axis)}
     out = [(name, changed.pop(name) if name in changed else target) for name, target in rules]
     return tuple(out) + tuple(changed.items())
 
@@ -266,17 +273,40 @@ def map_over_batch(fn, *args):
     return mapped(*args)
 
 
+def batch_share(mesh: Mesh, rules) -> tuple[int, int]:
+    """``(index, count)``: this process loads part ``index`` of ``count`` equal parts of
+    each global batch's rows (what a task's ``train_iterator`` takes).
+
+    The rows are split between processes only along the batch's mesh axes
+    (``act_batch``). Processes whose devices differ along the other axes, a
+    ``sequence`` or ``tensor`` axis that crosses processes, hold the same rows and load
+    the same part: with one process per device and a mesh ``(1, 1, 1, 2)``, both
+    processes load every row (``(0, 1)``), each device keeping its half of the tokens.
+    """
+    sharding = batch_sharding(mesh, rules, 1)
+    axes = sharding.spec[0] if len(sharding.spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    rows = math.prod(mesh.shape[a] for a in axes)  # one row per block of the batch
+    starts: dict[int, set[int]] = {}
+    for device, index in sharding.devices_indices_map((rows,)).items():
+        starts.setdefault(device.process_index, set()).add(index[0].start or 0)
+    parts = sorted({tuple(sorted(s)) for s in starts.values()})
+    return parts.index(tuple(sorted(starts[jax.process_index()]))), len(parts)
+
+
 def global_batch(local_batch, mesh: Mesh, rules):
     """Assembles process-local numpy batches into global, batch-sharded jax Arrays.
 
-    Every process passes its own slice (the leading axis is this process's share of the
-    global batch); the result is one global array per leaf.
+    Every process passes its own part of the rows (``batch_share``: the leading axis is
+    one of ``count`` equal parts of the global batch); the result is one global array
+    per leaf.
     """
+    _, count = batch_share(mesh, rules)
 
     def put(x):
         x = np.asarray(x)
         sharding = batch_sharding(mesh, rules, x.ndim)
-        global_shape = (x.shape[0] * jax.process_count(),) + x.shape[1:]
+        global_shape = (x.shape[0] * count,) + x.shape[1:]
         return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
     return jax.tree.map(put, local_batch)

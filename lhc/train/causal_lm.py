@@ -25,7 +25,7 @@ import numpy as np
 from lhc.data import synthetic
 from lhc.data.iterators import IndexedIterator, row_rngs, stack_rows
 from lhc.nn.config import build_model, registered_models, registered_name
-from lhc.parallel import global_batch, zigzag_order
+from lhc.parallel import batch_share, global_batch, zigzag_order
 from lhc.train.tasks import Task, import_path
 
 DEFAULT_MODEL_FACTORY = "transformer"
@@ -188,7 +188,7 @@ class CausalLMTask(Task):
 
     def evaluate(self, params):
         """Loss and answer accuracy on ``config.eval_batches`` held-out batches."""
-        iterator = self._eval_iterator(jax.process_index(), jax.process_count())
+        iterator = self._eval_iterator(*batch_share(self.mesh, self.rules))
         step = jax.jit(self._forward_metrics)
         total_loss = total_correct = total_tokens = 0.0
         for _ in range(int(self.config.eval_batches)):

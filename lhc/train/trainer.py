@@ -301,7 +301,7 @@ def train_and_evaluate(
     exp = build_experiment(config)
     num_steps = int(config.num_steps)
     state = exp.init_state(int(config.seed))
-    data = exp.task.train_iterator(jax.process_index(), jax.process_count())
+    data = exp.task.train_iterator(*parallel.batch_share(exp.mesh, exp.rules))
     source = init_from.source_spec(config)
     fresh = "://" not in workdir and not os.path.isdir(os.path.join(workdir, "checkpoints"))
     if source is not None and fresh:  # refused here, before the workdir is written

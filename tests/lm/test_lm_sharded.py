@@ -13,7 +13,7 @@ import pytest
 _SCRIPT = textwrap.dedent(
     """
     import json, os, runpy, tempfile
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -119,7 +119,7 @@ _SCRIPT = textwrap.dedent(
 def test_sharded_generation_equals_single_device():
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
         LHC_TESTS_SUPPORT=str(pathlib.Path(__file__).resolve().parents[1] / "support.py"),
     )

@@ -12,12 +12,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from lhc import parallel
+from lhc import lm, parallel
+from lhc.lm.costs import ring_attention_costs
 
 _SCRIPT = textwrap.dedent(
     """
     import json, os, runpy
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -57,6 +58,25 @@ _SCRIPT = textwrap.dedent(
                     grad_error=max(float(jnp.abs(g[:, back] - w).max()) for g, w in zip(grads, want_grads)),
                 ))
 
+    # The bytes the ring passes per device, counted in the traced program (every
+    # ppermute's operands, times the length of each scan around it), for
+    # lhc.lm.costs.ring_attention_costs to be compared with.
+    def sent(jaxpr, repeat=1):
+        total = 0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "ppermute":
+                total += repeat * sum(x.aval.size * x.aval.dtype.itemsize for x in eqn.invars)
+            times = repeat * eqn.params.get("length", 1) if eqn.primitive.name == "scan" else repeat
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        total += sent(inner, times)
+        return total
+    with jax.set_mesh(make_mesh((1, 1, 1, 8))), nn.logical_axis_rules(rules):
+        traced = jax.make_jaxpr(attention, static_argnums=(0, 1))("ring", None, q, k, v, jnp.asarray(pos))
+    results["ring_bytes"] = sent(traced.jaxpr)
+
     # A Transformer (one sliding-window layer, one full, GQA): loss and gradients.
     base = dict(num_heads=4, num_kv_heads=2, vocab_size=96, mlp_dim=64, max_len=256,
                 sliding_window=16, full_attention_layers=(1,))
@@ -79,6 +99,7 @@ _SCRIPT = textwrap.dedent(
                 sharded, tokens[:, order], positions[:, order], targets[:, order])
         results["model"].append(dict(
             shape=shape, impl=impl, loss=float(got), want=float(want),
+            param_specs=sorted({str(x.sharding.spec) for x in jax.tree.leaves(sharded)}),
             grad_error=max(float(jnp.abs(a - b).max()) for a, b in
                            zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads))),
         ))
@@ -119,7 +140,7 @@ _SCRIPT = textwrap.dedent(
 def test_sequence_parallel_attention_model_and_decoding_equal_one_device():
     env = dict(
         os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
         LHC_TESTS_SUPPORT=str(pathlib.Path(__file__).resolve().parents[1] / "support.py"),
     )
@@ -132,8 +153,15 @@ def test_sequence_parallel_attention_model_and_decoding_equal_one_device():
     assert len(results["attention"]) == 6
     for r in results["attention"]:
         assert r["error"] < 1e-5 and r["grad_error"] < 1e-4, r
+    # Each device passes on its keys, values (2 rows x 8 tokens x 2 heads x 8, float32)
+    # and int32 positions 7 times: the traced program and the cost model agree.
+    config = lm.LMConfig.tiny(num_heads=4, num_kv_heads=2, head_dim=8, num_layers=1)
+    costs = ring_attention_costs(config, 64, 8, batch_size=2)
+    assert results["ring_bytes"] == costs["bytes_sent"] == 7 * 2 * 8 * (2 * 2 * 8 * 4 + 4)
     for r in results["model"]:
         assert abs(r["loss"] - r["want"]) < 1e-5 and r["grad_error"] < 1e-5, r
+        # The weights are split over the sequence devices too (with fsdp where it is).
+        assert any("'sequence'" in spec for spec in r["param_specs"]), r["param_specs"]
     generate = results["generate"]
     assert generate["equal"] and generate["distinct"] > 10, generate
     # Every layer's cache keeps its slots split over the sequence axis.
@@ -161,4 +189,5 @@ def test_three_axis_mesh_shapes_and_sequence_rules():
     assert parallel.resolve_mesh_shape((1, 1, 1, -1), 8) == (1, 1, 1, 8)
     rules = dict(parallel.rules_from_config({"mesh_shape": (1, 2, 1, 4)}))
     assert rules["act_len"] == "sequence" and rules["cache_len"] == "sequence"
+    assert rules["embed"] == ("fsdp", "sequence")
     assert dict(parallel.rules_from_config({"mesh_shape": (2, 1, 4)}))["act_len"] is None

@@ -107,7 +107,10 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_sharded_ensemble_equals_single_device(tmp_path):
     env = dict(os.environ)
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env.update(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8",
+    )
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         capture_output=True,

@@ -3,9 +3,10 @@
 Run by tests/train/test_multidevice.py in a subprocess, because the number of host
 devices (XLA_FLAGS) and the distributed runtime must be set before JAX starts.
 
-    python multidevice_worker.py meshes WORKDIR       # 8 host devices, 3 mesh layouts
+    python multidevice_worker.py meshes WORKDIR       # 8 host devices, 4 mesh layouts
     python multidevice_worker.py single WORKDIR       # one process, one device
-    LHC_DISTRIBUTED=1 ... python multidevice_worker.py process WORKDIR   # one of N processes
+    LHC_DISTRIBUTED=1 ... python multidevice_worker.py process WORKDIR   # one of N processes:
+        # data parallel, then the sequence split over the processes (ring attention)
 """
 
 import json
@@ -15,13 +16,16 @@ import sys
 
 mode, workdir = sys.argv[1], sys.argv[2]
 if mode == "meshes":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import flax.linen  # noqa: E402
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 
 from lhc import parallel, train  # noqa: E402
 from lhc.train import config as config_lib  # noqa: E402
@@ -89,7 +93,9 @@ def run(name, mesh_shape, config=None):
     train.train_and_evaluate(config, path)
     losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
     _, params, _ = train.restore_params(config, path)
-    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])
+    # Weights split over devices of other processes (fsdp, sequence) gathered first.
+    params = multihost_utils.process_allgather(params, tiled=True)
+    flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
     result = {"losses": losses, "params": flat.tolist()}
     if jax.device_count() > 1 and jax.process_count() == 1:
         result["layouts"] = layouts(config)
@@ -107,13 +113,20 @@ if mode == "meshes":
         "copy_fsdp2_sequence4": run("copy_seq", None, copy_config("(1,2,1,4)", "ring")),
     }
 elif mode == "single":
-    results = {"single": run("single", "(1,1,1)")}
+    results = {
+        "single": run("single", "(1,1,1)"),
+        "copy_single": run("copy_single", None, copy_config("(1,1,1,1)", "xla")),
+    }
 else:
     from lhc.parallel import maybe_initialize_distributed
 
     assert maybe_initialize_distributed()
     assert jax.process_count() == int(os.environ["LHC_NUM_PROCESSES"])
-    results = {"process": run("distributed", "(-1,1,1)")}
+    results = {
+        "process": run("distributed", "(-1,1,1)"),
+        # Each process holds half of every sequence: ring attention across processes.
+        "copy_sequence2": run("copy_seq", None, copy_config("(1,1,1,2)", "ring")),
+    }
     results["process_count"] = jax.process_count()
     results["device_count"] = jax.device_count()
 print("RESULTS " + json.dumps(results))

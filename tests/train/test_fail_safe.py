@@ -50,7 +50,10 @@ def _command(workdir, *extra):
 
 def _env(cache_dir=None):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    # a device count of the parent's dropped; its other flags (tests/conftest.py) kept
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
+    )
     if cache_dir is not None:  # the runs compile once between them
         env.update(
             JAX_COMPILATION_CACHE_DIR=str(cache_dir),

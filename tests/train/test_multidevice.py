@@ -16,7 +16,10 @@ pytestmark = pytest.mark.multidevice
 
 def _env(**extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    # a device count of the parent's dropped; its other flags (tests/conftest.py) kept
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f
+    )
     env.update(extra)
     return env
 
@@ -80,7 +83,8 @@ def _free_port() -> int:
 
 
 def test_two_processes_match_one(tmp_path):
-    single = _run(["single", str(tmp_path / "one")], _env())["single"]
+    one = _run(["single", str(tmp_path / "one")], _env())
+    single = one["single"]
     port = _free_port()
     procs, logs = [], []
     for process_id in range(2):
@@ -117,3 +121,6 @@ def test_two_processes_match_one(tmp_path):
         assert out["process_count"] == 2 and out["device_count"] == 2
         np.testing.assert_allclose(out["process"]["losses"], single["losses"], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out["process"]["params"], single["params"], rtol=1e-4, atol=1e-6)
+        copy, want = out["copy_sequence2"], one["copy_single"]
+        np.testing.assert_allclose(copy["losses"], want["losses"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(copy["params"], want["params"], rtol=1e-4, atol=1e-6)
