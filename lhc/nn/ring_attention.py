@@ -21,13 +21,16 @@ same attention without splitting the tokens.
   TPU and GPU): one collective per layer, the full key/value memory per device: the
   better choice for short rings.
 
-Gradients are JAX's own through ``shard_map``, ``scan``, ``cond`` and the collectives
-(checked against one device in the tests), with each ring step and each block's fold
-rematerialised: the backward pass keeps the float32 softmax state once per ring step.
+Gradients (``ring``) are flash attention's, by hand (``jax.custom_vjp``): the forward
+pass keeps only its output and each query's log-sum-exp; the backward pass sends the
+keys and values around the ring again, recomputes each block's probabilities from the
+log-sum-exp, and passes the keys' and values' gradients along with them, one more step
+bringing them home. Checked against one device in the tests.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -102,37 +105,153 @@ def _fold(state, query, key, value, query_positions, key_positions, scale, windo
     return out, new_max, total
 
 
-def _fold_blocks(state, query, key, value, query_positions, key_positions, scale, window):
-    """``_fold`` over ``key`` in blocks of ``KEY_BLOCK``, skipping blocks no query sees."""
+def _span(positions):
+    """The first and last valid (non-negative) position of ``positions``."""
+    valid = positions >= 0
+    first = jnp.min(jnp.where(valid, positions, jnp.iinfo(jnp.int32).max))
+    return first, jnp.max(jnp.where(valid, positions, -1))
+
+
+def _over_key_blocks(fn, carry, query_positions, key, value, key_positions, window):
+    """``fn(carry, k, v, kp) -> (carry, out)`` over ``key`` in blocks of ``KEY_BLOCK``,
+    skipping the blocks no query sees (their ``out`` zeros); returns the carry and the
+    blocks' outs joined along the key axis (``[b, s, ...]``; ``None`` when ``fn``
+    returns none)."""
     length = key.shape[1]
     block = math.gcd(length, KEY_BLOCK) if length > KEY_BLOCK else length
     count = length // block
     split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], count, block, *x.shape[2:]), 1, 0)  # noqa: E731
-    valid_q = query_positions >= 0
-    first_q = jnp.min(jnp.where(valid_q, query_positions, jnp.iinfo(jnp.int32).max))
-    last_q = jnp.max(jnp.where(valid_q, query_positions, -1))
+    first_q, last_q = _span(query_positions)
 
-    # Under autodiff a block's scores are recomputed, not kept: what each step leaves
-    # for the backward pass is the softmax state, not [t, block] scores per head.
-    @jax.checkpoint
-    def step(state, blocks):
+    def step(carry, blocks):
         k, v, kp = blocks
-        valid_k = kp >= 0
-        first_k = jnp.min(jnp.where(valid_k, kp, jnp.iinfo(jnp.int32).max))
-        last_k = jnp.max(jnp.where(valid_k, kp, -1))
+        first_k, last_k = _span(kp)
         seen = (first_k <= last_q) & (last_k >= 0)
         if window is not None:
             seen &= last_k > first_q - window
-        state = jax.lax.cond(
-            seen,
-            lambda s: _fold(s, query, k, v, query_positions, kp, scale, window),
-            lambda s: s,
-            state,
-        )
-        return state, None
 
-    state, _ = jax.lax.scan(step, state, (split(key), split(value), split(key_positions)))
-    return state
+        def skip(carry):
+            shapes = jax.eval_shape(fn, carry, k, v, kp)[1]
+            return carry, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        return jax.lax.cond(seen, lambda c: fn(c, k, v, kp), skip, carry)
+
+    carry, outs = jax.lax.scan(step, carry, (split(key), split(value), split(key_positions)))
+    join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], length, *x.shape[3:])  # noqa: E731
+    return carry, jax.tree.map(join, outs)
+
+
+def _rotate(x, ring_axes):
+    """``x`` passed to the next device of the ring of ``ring_axes``."""
+    size = math.prod(jax.lax.axis_size(a) for a in ring_axes)
+    return jax.lax.ppermute(x, ring_axes, [(i, (i + 1) % size) for i in range(size)])
+
+
+def _around_ring(fn, carry, blocks, ring_axes):
+    """``fn(carry, blocks) -> (carry, blocks)`` on this device's ``blocks``, then on every
+    other device's in turn, passed on around the ring of ``ring_axes`` (none: only this
+    device's). Returns the carry and the blocks ``fn`` saw last: those of the next
+    device, one pass short of home."""
+    if not ring_axes:
+        return fn(carry, blocks)
+    size = math.prod(jax.lax.axis_size(a) for a in ring_axes)
+
+    def step(state, _):
+        carry, blocks = fn(*state)
+        return (carry, jax.tree.map(lambda x: _rotate(x, ring_axes), blocks)), None
+
+    (carry, blocks), _ = jax.lax.scan(step, (carry, blocks), None, length=size - 1)
+    return fn(carry, blocks)
+
+
+def _unhoistable(x, *positions):
+    """``x`` and ``positions`` through an optimization barrier, so that what is computed
+    from the positions alone (the masks) counts as depending on ``x``. Inside a scan
+    over layers the positions are the same at every layer; differentiating the scan,
+    JAX would otherwise compute every mask of every key block ahead of the layers and
+    keep them all (at 4K queries per device over 32K keys, 32 heads: 50 GiB)."""
+    return jax.lax.optimization_barrier((x, *positions))
+
+
+def _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes):
+    """The online softmax over every device's keys: ``out [b, K, G, t, H]`` (normalised,
+    float32) and ``lse [b, K, G, t]`` (log-sum-exp of each query's scores, 0 for a
+    query that sees no key); ``q``: ``[b, t, K, G, H]``."""
+    q, query_positions, key_positions = _unhoistable(q, query_positions, key_positions)
+    batch, length, num_kv, groups, head_dim = q.shape
+    shape = (batch, num_kv, groups, length)
+    state = (
+        jnp.zeros((*shape, head_dim), jnp.float32),
+        jnp.full(shape, NEG, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+    )
+
+    def fold(state, blocks):
+        k, v, kp = blocks
+        fold_block = lambda s, k, v, kp: (
+            _fold(s, q, k, v, query_positions, kp, scale, window),
+            None,
+        )  # noqa: E731
+        state, _ = _over_key_blocks(fold_block, state, query_positions, k, v, kp, window)
+        return state, blocks
+
+    (out, maximum, total), _ = _around_ring(fold, state, (key, value, key_positions), ring_axes)
+    seen = total > 0
+    out = jnp.where(seen[..., None], out / jnp.where(seen, total, 1.0)[..., None], 0.0)
+    return out, jnp.where(seen, maximum + jnp.log(jnp.where(seen, total, 1.0)), 0.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _attend(q, key, value, query_positions, key_positions, scale, window, ring_axes):
+    """This device's attention output ``[b, K, G, t, H]`` in ``value``'s dtype."""
+    out, _ = _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes)
+    return out.astype(value.dtype)
+
+
+def _attend_fwd(q, key, value, query_positions, key_positions, scale, window, ring_axes):
+    out, lse = _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes)
+    out = out.astype(value.dtype)
+    return out, (q, key, value, query_positions, key_positions, out, lse)
+
+
+def _attend_bwd(scale, window, ring_axes, residuals, d_out):
+    """Flash attention's backward pass around the ring: each block's probabilities
+    recomputed from the saved log-sum-exp; the keys' and values' gradients travel with
+    them and take one more pass to get home."""
+    q, key, value, query_positions, key_positions, out, lse = residuals
+    d_out, query_positions, key_positions = _unhoistable(d_out, query_positions, key_positions)
+    do = d_out.astype(jnp.float32)
+    delta = (do * out.astype(jnp.float32)).sum(-1)  # [b, K, G, t]
+    qf = q.astype(jnp.float32)
+
+    def block(dq, k, v, kp):
+        scores = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(jnp.float32)) * jnp.float32(scale)
+        mask = _visible(query_positions, kp, window)[:, None, None]
+        probs = jnp.where(mask, jnp.exp(scores - lse[..., None]), 0.0)
+        dv = jnp.einsum("bkgts,bkgth->bskh", probs, do)
+        dscores = probs * (
+            jnp.einsum("bkgth,bskh->bkgts", do, v.astype(jnp.float32)) - delta[..., None]
+        )
+        dq = dq + jnp.einsum("bkgts,bskh->bkgth", dscores, k.astype(jnp.float32)) * scale
+        dk = jnp.einsum("bkgts,btkgh->bskh", dscores, qf) * jnp.float32(scale)
+        return dq, (dk, dv)
+
+    def grads(dq, blocks):
+        k, v, kp, dk, dv = blocks
+        dq, (dk_new, dv_new) = _over_key_blocks(block, dq, query_positions, k, v, kp, window)
+        return dq, (k, v, kp, dk + dk_new, dv + dv_new)
+
+    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
+    dq, (_, _, _, dk, dv) = _around_ring(
+        grads, zeros(out), (key, value, key_positions, zeros(key), zeros(value)), ring_axes
+    )
+    if ring_axes:
+        dk, dv = _rotate(dk, ring_axes), _rotate(dv, ring_axes)
+    dq = dq.transpose(0, 3, 1, 2, 4).astype(q.dtype)
+    return dq, dk.astype(key.dtype), dv.astype(value.dtype), None, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 def _local(query, key, value, query_positions, key_positions, *, scale, window, ring_axes):
@@ -140,41 +259,9 @@ def _local(query, key, value, query_positions, key_positions, *, scale, window, 
     (ring), or () when ``key`` already holds them all."""
     batch, length, num_heads, head_dim = query.shape
     num_kv = key.shape[2]
-    groups = num_heads // num_kv
-    q = query.reshape(batch, length, num_kv, groups, head_dim)
-    shape = (batch, num_kv, groups, length)
-    state = (
-        jnp.zeros((*shape, head_dim), jnp.float32),
-        jnp.full(shape, NEG, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-    )
-    # A ring step is rematerialised as a whole under autodiff: the backward pass keeps
-    # the softmax state once per ring step, not once per key block (at 16K queries per
-    # device, 32 heads of 128: 256 MiB a state, 32 blocks a step).
-    fold = jax.checkpoint(
-        lambda s, k, v, kp: _fold_blocks(s, q, k, v, query_positions, kp, scale, window)
-    )
-    if not ring_axes:
-        state = fold(state, key, value, key_positions)
-    else:
-        size = math.prod(jax.lax.axis_size(a) for a in ring_axes)
-        ring = [(i, (i + 1) % size) for i in range(size)]
-        rotate = lambda x: jax.lax.ppermute(x, ring_axes, ring)  # noqa: E731
-
-        def step(carry, _):
-            state, (k, v, kp) = carry
-            state = fold(state, k, v, kp)
-            return (state, (rotate(k), rotate(v), rotate(kp))), None
-
-        # size - 1 steps that fold and pass on, then the last block folded in place.
-        (state, (k, v, kp)), _ = jax.lax.scan(
-            step, (state, (key, value, key_positions)), None, length=size - 1
-        )
-        state = fold(state, k, v, kp)
-    out, _, total = state
-    out = jnp.where(total[..., None] > 0, out / jnp.where(total > 0, total, 1.0)[..., None], 0.0)
-    out = out.transpose(0, 3, 1, 2, 4).reshape(batch, length, num_heads, head_dim)
-    return out.astype(value.dtype)
+    q = query.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
+    out = _attend(q, key, value, query_positions, key_positions, scale, window, tuple(ring_axes))
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, num_heads, head_dim)
 
 
 def _blocked(query, key, value, query_positions, key_positions, *, scale, window):
