@@ -13,6 +13,7 @@ them to mesh axes, and a config may override that table.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -55,6 +56,11 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _names(axes) -> tuple[str, ...]:
+    """A rule's mesh axes (``None``, a name or several) as a tuple of names."""
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 def long_context_decode_rules(
     rules: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES,
     sequence_axes: str | tuple[str, ...] = ("data", "fsdp"),
@@ -72,7 +78,7 @@ def long_context_decode_rules(
         sequence_axes: mesh axes for the cache's ``cache_len`` axis; the batch axes that
             used them (``act_batch``, ``cache_batch``) are replicated instead.
     """
-    axes = (sequence_axes,) if isinstance(sequence_axes, str) else tuple(sequence_axes)
+    axes = _names(sequence_axes)
     changed = {"cache_len": axes, "cache_batch": None, "act_batch": None}
     out = [(name, changed.pop(name) if name in changed else target) for name, target in rules]
     return tuple(out) + tuple(changed.items())
@@ -91,8 +97,7 @@ def sequence_parallel_rules(
     ``axis`` as well as the axes it had (``fsdp``): the devices of a sequence hold
     different tokens but the same weights, so they share the weights' memory the way
     fsdp rows do, each layer's weights gathered when it runs."""
-    embed = dict(rules).get("embed")
-    embed = () if embed is None else (embed,) if isinstance(embed, str) else tuple(embed)
+    embed = _names(dict(rules).get("embed"))
     changed = {"act_len": axis, "cache_len": axis, "embed": (*embed, axis)}
     out = [(name, changed.pop(name) if name in changed else target) for name, target in rules]
     return tuple(out) + tuple(changed.items())
@@ -283,15 +288,22 @@ def batch_share(mesh: Mesh, rules) -> tuple[int, int]:
     the same part: with one process per device and a mesh ``(1, 1, 1, 2)``, both
     processes load every row (``(0, 1)``), each device keeping its half of the tokens.
     """
+    hashable = tuple((name, tuple(t) if isinstance(t, list) else t) for name, t in rules)
+    return _batch_share(mesh, hashable, jax.process_index())
+
+
+@functools.lru_cache(maxsize=16)
+def _batch_share(mesh: Mesh, rules, process: int) -> tuple[int, int]:
+    """``batch_share``, computed once per mesh and rules (``global_batch`` asks every
+    step)."""
     sharding = batch_sharding(mesh, rules, 1)
-    axes = sharding.spec[0] if len(sharding.spec) else None
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = _names(sharding.spec[0] if len(sharding.spec) else None)
     rows = math.prod(mesh.shape[a] for a in axes)  # one row per block of the batch
     starts: dict[int, set[int]] = {}
     for device, index in sharding.devices_indices_map((rows,)).items():
         starts.setdefault(device.process_index, set()).add(index[0].start or 0)
     parts = sorted({tuple(sorted(s)) for s in starts.values()})
-    return parts.index(tuple(sorted(starts[jax.process_index()]))), len(parts)
+    return parts.index(tuple(sorted(starts[process]))), len(parts)
 
 
 def global_batch(local_batch, mesh: Mesh, rules):
