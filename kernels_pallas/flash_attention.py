@@ -385,7 +385,17 @@ def _xla_scores(q_block, k_block, q_pos, k_pos, config):
     return scores, mask
 
 
+def _unhoistable(x, *positions):
+    """``x`` and ``positions`` through an optimization barrier, so that what is computed
+    from the positions alone (every block's mask) counts as depending on ``x``. Inside a
+    scan over layers the positions are the same at every layer; differentiating the
+    scan, JAX would otherwise compute the masks of every pair of blocks ahead of the
+    layers and keep them all: T x S per head, 25 GB for a 135M model at 16K tokens."""
+    return lax.optimization_barrier((x, *positions))
+
+
 def _xla_forward(query, key, value, query_positions, key_positions, config):
+    query, query_positions, key_positions = _unhoistable(query, query_positions, key_positions)
     batch, seq_len_q, num_heads, head_dim = query.shape
     blocks = _xla_blocks(query, key, value, query_positions, key_positions, config)
     num_kv_heads = key.shape[2]
@@ -448,6 +458,7 @@ def _xla_backward(query, key, value, query_positions, key_positions, d_out, lse,
     scan over key blocks carries the float32 dq of all queries, each inner step over query
     blocks recomputes its probabilities once and yields dq, dk and dv contributions.
     """
+    d_out, query_positions, key_positions = _unhoistable(d_out, query_positions, key_positions)
     batch, seq_len_q, num_heads, head_dim = query.shape
     num_kv_heads = key.shape[2]
     group = num_heads // num_kv_heads

@@ -382,6 +382,10 @@ def _temp_bytes(fn, *args):
 
 
 def test_xla_memory_grows_with_blocks_not_with_scores():
+    """Also as the body of a scan over layers: differentiating that scan, JAX used to
+    compute the masks of every pair of blocks ahead of the layers (they depend on the
+    positions alone) and keep them all, 2.8 score matrices here, until the positions
+    went through an optimization barrier."""
     batch, seq_len, heads, head_dim = 1, 2048, 1, 16
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, head_dim), jnp.float32)
     pos = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
@@ -395,9 +399,25 @@ def test_xla_memory_grows_with_blocks_not_with_scores():
             lambda q, k, v: jnp.sum(attention(q, k, v, qp, kp)), (0, 1, 2)
         )(q, k, v)
 
+    def layers(attention):  # two layers sharing the keys, values and positions
+        def loss(q, k, v, qp, kp):
+            step = lambda x, _: (x + attention(x, k, v, qp, kp), None)  # noqa: E731
+            return jnp.sum(jax.lax.scan(step, q, None, length=2)[0] ** 2)
+
+        return lambda *args: jax.grad(loss, (0, 1, 2))(*args)
+
+    rng = np.random.default_rng(0)
+    small = [jnp.asarray(rng.normal(size=(1, 300, 1, 16)), jnp.float32) for _ in range(3)]
+    positions = jnp.arange(300)[None]
+    got = jax.jit(layers(chunked))(*small, positions, positions)
+    want = layers(flash_attention_reference)(*small, positions, positions)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, atol=1e-4 * float(jnp.abs(b).max()))
+
     for fn, reference in (
         (chunked, flash_attention_reference),
         (gradient(chunked), gradient(flash_attention_reference)),
+        (layers(chunked), layers(flash_attention_reference)),
     ):
         temp, reference_temp = _temp_bytes(fn, *args), _temp_bytes(reference, *args)
         assert reference_temp >= score_bytes  # the reference does hold [T, S] scores
