@@ -15,15 +15,18 @@ mkdir -p "$OUT"
 [ -s "$TEXT" ] || "$HERE/../kjv_text.sh" "$TEXT"
 evaluate() { nice python "$HERE/evaluate.py" --text "$TEXT" --out "$RESULTS" --chat "$@"; }
 
-# Before: the checkpoint at 16K as it is, and with each scaling, untrained.
+# The checkpoint at 16K as it is.
 evaluate --checkpoint smollm2-135m-instruct --label base
-evaluate --checkpoint smollm2-135m-instruct --rope yarn --label yarn_untrained
-evaluate --checkpoint smollm2-135m-instruct --rope linear --label linear_untrained
 
-# After: 50 steps of one 16,384-token window, LoRA rank 8 on q/k/v/o.
+# Each scaling after 50 steps of one 16,384-token window, LoRA rank 8 on q/k/v/o, and
+# the same scaling untrained. The trained runs go first: their checkpoints live in $OUT,
+# while the evaluations resume from the committed results.
 for scaling in yarn linear; do
   nice lhc train --config "configs/lm_finetune.py:long,scaling=$scaling" \
     --workdir "$OUT/$scaling" --config.data.paths="$TEXT" --config.progress_bar=False
   evaluate --workdir "$OUT/$scaling" --label "${scaling}_lora"
+done
+for scaling in yarn linear; do
+  evaluate --checkpoint smollm2-135m-instruct --rope "$scaling" --label "${scaling}_untrained"
 done
 lhc report "$HERE"
