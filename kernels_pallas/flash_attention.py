@@ -149,6 +149,84 @@ def flash_attention(
     Raises:
         ValueError: on wrong shapes, dtypes or settings, naming the argument.
     """
+    config = _resolve(
+        query, key, value, query_positions, key_positions,
+        scale=scale, window=window, impl=impl, interpret=interpret,
+        block_sizes=block_sizes, backend=backend,
+    )  # fmt: skip
+    return _flash_attention(query, key, value, query_positions, key_positions, config)
+
+
+def flash_attention_forward(
+    query, key, value, query_positions, key_positions, *,
+    scale=None, window=None, impl="xla", interpret=False, block_sizes=None, backend=None,
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """``flash_attention``'s forward pass alone, for callers that combine attention over
+    several key sets themselves (ring attention: one set per device).
+
+    Arguments as ``flash_attention``'s.
+
+    Returns:
+        ``out [B, T, N, H]`` in ``query.dtype`` (zero rows for queries that see no key)
+        and ``lse [B, N, T]`` float32, each query's log-sum-exp of its visible scores
+        (``-inf`` where it sees none).
+    """
+    config = _resolve(
+        query, key, value, query_positions, key_positions,
+        scale=scale, window=window, impl=impl, interpret=interpret,
+        block_sizes=block_sizes, backend=backend,
+    )  # fmt: skip
+    return _padded_forward(query, key, value, query_positions, key_positions, config)
+
+
+def flash_attention_backward(
+    query, key, value, query_positions, key_positions, d_out, lse, delta, *,
+    scale=None, window=None, impl="xla", interpret=False, block_sizes=None, backend=None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """``flash_attention``'s backward pass alone: the gradients of a loss through
+    attention over ``key``/``value`` when each query's softmax normaliser is ``lse``.
+
+    With the whole attention's ``lse`` and ``delta`` (each query's ``sum(d_out * out)``),
+    over a subset of the keys this gives that subset's key and value gradients and its
+    part of the query gradient (ring attention adds those up around the ring).
+
+    Args:
+        query, key, value, query_positions, key_positions: as ``flash_attention``'s.
+        d_out: ``[B, T, N, H]``, the loss's gradient with respect to the output.
+        lse: ``[B, N, T]`` float32, the log-sum-exp of each query's scores.
+        delta: ``[B, N, T]`` float32.
+        scale, window, impl, interpret, block_sizes, backend: as ``flash_attention``'s.
+
+    Returns:
+        ``(d_query, d_key, d_value)`` in the inputs' dtypes.
+    """
+    config = _resolve(
+        query, key, value, query_positions, key_positions,
+        scale=scale, window=window, impl=impl, interpret=interpret,
+        block_sizes=block_sizes, backend=backend,
+    )  # fmt: skip
+    for name, array in (("lse", lse), ("delta", delta)):
+        expected = (query.shape[0], query.shape[2], query.shape[1])
+        if getattr(array, "shape", None) != expected:
+            raise ValueError(
+                f"{name} must have shape {expected} ([B, N, T]), got "
+                f"{name}.shape={getattr(array, 'shape', None)}."
+            )
+    if getattr(d_out, "shape", None) != query.shape:
+        raise ValueError(
+            f"d_out must have the query's shape {query.shape}, got "
+            f"d_out.shape={getattr(d_out, 'shape', None)}."
+        )
+    return _padded_backward(
+        query, key, value, query_positions, key_positions, d_out, lse, delta, config
+    )
+
+
+def _resolve(
+    query, key, value, query_positions, key_positions,
+    *, scale, window, impl, interpret, block_sizes, backend,
+) -> _Config:  # fmt: skip
+    """The validated static settings of one call (``flash_attention``'s arguments)."""
     _check_inputs(query, key, value, query_positions, key_positions)
     scale = check_scale(scale, query.shape[-1])
     if window is not None and (
@@ -185,7 +263,7 @@ def flash_attention(
         backend=backend,
         interpret=interpret if impl == "pallas" else False,
     )
-    return _flash_attention(query, key, value, query_positions, key_positions, config)
+    return config
 
 
 def _check_inputs(query, key, value, query_positions, key_positions):
@@ -282,24 +360,46 @@ def _check_pallas_blocks(block_q, block_k, padded_q, padded_k, dtype, backend, i
 # --------------------------------------------------------------------------------------
 
 
+def _pad(config, query, key, value, query_positions, key_positions, *rows):
+    """Pads T and S to whole blocks; ``rows`` (``[B, T, N, H]`` or ``[B, N, T]``) along
+    T. Padded slots get position -1, so the mask hides them: padded keys are never
+    seen, padded queries see nothing and output zeros that are sliced away."""
+    pad_q = _round_up(query.shape[1], config.block_q) - query.shape[1]
+    pad_k = _round_up(key.shape[1], config.block_k) - key.shape[1]
+    pad_seq = lambda x, pad: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+    pad_rows = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad_q)))  # noqa: E731
+    pad_pos = lambda x, pad: jnp.pad(  # noqa: E731
+        x.astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1
+    )
+    return (
+        pad_seq(query, pad_q), pad_seq(key, pad_k), pad_seq(value, pad_k),
+        pad_pos(query_positions, pad_q), pad_pos(key_positions, pad_k),
+        *(pad_seq(x, pad_q) if x.ndim == 4 else pad_rows(x) for x in rows),
+    )  # fmt: skip
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def _flash_attention(query, key, value, query_positions, key_positions, config: _Config):
     """Pads T and S to whole blocks, runs the differentiable core, slices back."""
-    seq_len_q, seq_len_k = query.shape[1], key.shape[1]
-    pad_q = _round_up(seq_len_q, config.block_q) - seq_len_q
-    pad_k = _round_up(seq_len_k, config.block_k) - seq_len_k
-    # Padded slots get position -1, so the mask hides them: padded keys are never seen,
-    # padded queries see nothing and output zeros that are sliced away.
-    pad_seq = lambda x, pad: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    query, key, value = pad_seq(query, pad_q), pad_seq(key, pad_k), pad_seq(value, pad_k)
-    query_positions = jnp.pad(
-        query_positions.astype(jnp.int32), ((0, 0), (0, pad_q)), constant_values=-1
-    )
-    key_positions = jnp.pad(
-        key_positions.astype(jnp.int32), ((0, 0), (0, pad_k)), constant_values=-1
-    )
-    out = _attention(query, key, value, query_positions, key_positions, config)
-    return out[:, :seq_len_q]
+    out = _attention(*_pad(config, query, key, value, query_positions, key_positions), config)
+    return out[:, : query.shape[1]]
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _padded_forward(query, key, value, query_positions, key_positions, config: _Config):
+    padded = _pad(config, query, key, value, query_positions, key_positions)
+    out, lse = _forward(*padded, config)
+    return out[:, : query.shape[1]], lse[..., : query.shape[1]]
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _padded_backward(
+    query, key, value, query_positions, key_positions, d_out, lse, delta, config: _Config
+):
+    padded = _pad(config, query, key, value, query_positions, key_positions, d_out, lse, delta)
+    backward = _BACKWARD[config.backend]
+    d_query, d_key, d_value = backward(*padded, config)
+    return d_query[:, : query.shape[1]], d_key[:, : key.shape[1]], d_value[:, : key.shape[1]]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -318,11 +418,7 @@ def _attention_bwd(config, residuals, d_out):
     # delta = rowsum(dO * O) is the softmax-Jacobian term of FlashAttention-2; one cheap
     # elementwise XLA fusion, so no preprocessing kernel. Shape [B, N, T], like lse.
     delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
-    backward = {
-        "xla": _xla_backward,
-        "tpu": flash_attention_tpu.backward,
-        "gpu": flash_attention_gpu.backward,
-    }[config.backend]
+    backward = _BACKWARD[config.backend]
     d_query, d_key, d_value = backward(
         query, key, value, query_positions, key_positions, d_out, lse, delta, config
     )
@@ -534,6 +630,13 @@ def _xla_backward(query, key, value, query_positions, key_positions, d_out, lse,
         from_kv_blocks(d_key).astype(key.dtype),
         from_kv_blocks(d_value).astype(value.dtype),
     )
+
+
+_BACKWARD = {
+    "xla": _xla_backward,
+    "tpu": flash_attention_tpu.backward,
+    "gpu": flash_attention_gpu.backward,
+}
 
 
 # --------------------------------------------------------------------------------------

@@ -10,26 +10,31 @@ same attention without splitting the tokens.
 
 * ``ring``: each device keeps its queries and passes its keys and values (with their
   positions) around the ring of the sequence axis with ``ppermute``; at every step it
-  folds the block it holds into an online softmax (running maximum, sum and weighted
-  values in float32), so no device ever holds more than two blocks of keys. Blocks that
-  no query of the device can see (after every query, by causality, or before every
-  query's window) are skipped. The mask is the one of ``lhc.nn.attention_ops``, built
-  from positions, so any assignment of tokens to devices is correct; a zig-zag one
-  (``lhc.parallel.zigzag_order``) gives every device equal work under a causal mask.
+  attends its queries to the keys it holds with flash attention
+  (``kernels_pallas.flash_attention``: the Pallas kernels on TPU and GPU, blocked XLA
+  on a CPU), which gives a normalised output and each query's log-sum-exp, and folds
+  them into what it has (float32), so no device ever holds more than two devices' keys.
+  Blocks that no query of the device can see (after every query, by causality, or before
+  every query's window) are skipped inside. The mask is the one of
+  ``lhc.nn.attention_ops``, built from positions, so any assignment of tokens to devices
+  is correct; a zig-zag one (``lhc.parallel.zigzag_order``) gives every device equal
+  work under a causal mask.
 * ``allgather``: every device gathers all keys and values and attends its queries to
-  them with the blocked XLA attention (``impl="chunked"``; the Pallas flash kernels on
-  TPU and GPU): one collective per layer, the full key/value memory per device: the
-  better choice for short rings.
+  them with the same flash attention: one collective per layer, the full key/value
+  memory per device: the better choice for short rings.
 
-Gradients (``ring``) are flash attention's, by hand (``jax.custom_vjp``): the forward
-pass keeps only its output and each query's log-sum-exp; the backward pass sends the
-keys and values around the ring again, recomputes each block's probabilities from the
-log-sum-exp, and passes the keys' and values' gradients along with them, one more step
-bringing them home. Checked against one device in the tests.
+Gradients are flash attention's, by hand (``jax.custom_vjp``): the forward pass keeps
+only its output and each query's log-sum-exp; the backward pass sends the keys and
+values around the ring again, and each device's keys give their own gradients and
+their part of the queries' through the kernels' backward pass (probabilities
+recomputed from the whole softmax's log-sum-exp); the keys' and values' gradients
+travel with them, one more step bringing them home. Checked against one device in the
+tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -38,8 +43,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-NEG = -1e30  # a finite "minus infinity": exp(NEG - m) is 0 for any real score m
-KEY_BLOCK = 512  # keys per online-softmax update inside a ring step
+from kernels_pallas._common import target_platform
+from kernels_pallas.flash_attention import (
+    BlockSizes,
+    flash_attention_backward,
+    flash_attention_forward,
+)
+
+KEY_BLOCK = 512  # queries and keys per block of the XLA flash attention (on a CPU)
 
 
 def _mesh_axes(logical: str, mesh) -> tuple[str, ...]:
@@ -73,72 +84,28 @@ def refuse_sequence_axis(model: str) -> None:
         )
 
 
-def _visible(query_positions, key_positions, window):
-    """``[b, t, s]`` mask: key visible to query (lhc.nn.attention_ops' convention)."""
-    q = query_positions[:, :, None]
-    k = key_positions[:, None, :]
-    mask = (k <= q) & (k >= 0) & (q >= 0)
-    if window is not None:
-        mask &= k > q - window
-    return mask
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """How one device attends its queries to one device's keys: the flash-attention
+    forward and backward passes of ``kernels_pallas.flash_attention`` (``impl="xla"``,
+    blocked plain XLA, on a CPU; the Pallas kernels on TPU and GPU)."""
 
+    scale: float
+    window: int | None
+    impl: str
 
-def _fold(state, query, key, value, query_positions, key_positions, scale, window):
-    """The online-softmax state after the keys ``key`` ``[b, s, K, H]`` (one block).
+    def _kwargs(self):
+        blocks = BlockSizes(KEY_BLOCK, KEY_BLOCK) if self.impl == "xla" else None
+        return dict(
+            scale=self.scale, window=self.window, impl=self.impl,
+            interpret=None if self.impl == "pallas" else False, block_sizes=blocks,
+        )  # fmt: skip
 
-    ``state``: ``(out [b, K, G, t, H], maximum [b, K, G, t], total [b, K, G, t])``, all
-    float32; ``query``: ``[b, t, K, G, H]``.
-    """
-    out, maximum, total = state
-    scores = jnp.einsum(
-        "btkgh,bskh->bkgts", query, key, preferred_element_type=jnp.float32
-    ) * jnp.float32(scale)
-    mask = _visible(query_positions, key_positions, window)[:, None, None]
-    scores = jnp.where(mask, scores, NEG)
-    new_max = jnp.maximum(maximum, scores.max(axis=-1))
-    weights = jnp.where(mask, jnp.exp(scores - new_max[..., None]), 0.0)
-    decay = jnp.exp(maximum - new_max)
-    total = total * decay + weights.sum(axis=-1)
-    out = out * decay[..., None] + jnp.einsum(
-        "bkgts,bskh->bkgth", weights, value.astype(jnp.float32)
-    )
-    return out, new_max, total
+    def forward(self, q, k, v, qp, kp):
+        return flash_attention_forward(q, k, v, qp, kp, **self._kwargs())
 
-
-def _span(positions):
-    """The first and last valid (non-negative) position of ``positions``."""
-    valid = positions >= 0
-    first = jnp.min(jnp.where(valid, positions, jnp.iinfo(jnp.int32).max))
-    return first, jnp.max(jnp.where(valid, positions, -1))
-
-
-def _over_key_blocks(fn, carry, query_positions, key, value, key_positions, window):
-    """``fn(carry, k, v, kp) -> (carry, out)`` over ``key`` in blocks of ``KEY_BLOCK``,
-    skipping the blocks no query sees (their ``out`` zeros); returns the carry and the
-    blocks' outs joined along the key axis (``[b, s, ...]``; ``None`` when ``fn``
-    returns none)."""
-    length = key.shape[1]
-    block = math.gcd(length, KEY_BLOCK) if length > KEY_BLOCK else length
-    count = length // block
-    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], count, block, *x.shape[2:]), 1, 0)  # noqa: E731
-    first_q, last_q = _span(query_positions)
-
-    def step(carry, blocks):
-        k, v, kp = blocks
-        first_k, last_k = _span(kp)
-        seen = (first_k <= last_q) & (last_k >= 0)
-        if window is not None:
-            seen &= last_k > first_q - window
-
-        def skip(carry):
-            shapes = jax.eval_shape(fn, carry, k, v, kp)[1]
-            return carry, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-        return jax.lax.cond(seen, lambda c: fn(c, k, v, kp), skip, carry)
-
-    carry, outs = jax.lax.scan(step, carry, (split(key), split(value), split(key_positions)))
-    join = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], length, *x.shape[3:])  # noqa: E731
-    return carry, jax.tree.map(join, outs)
+    def backward(self, q, k, v, qp, kp, d_out, lse, delta):
+        return flash_attention_backward(q, k, v, qp, kp, d_out, lse, delta, **self._kwargs())
 
 
 def _rotate(x, ring_axes):
@@ -164,136 +131,98 @@ def _around_ring(fn, carry, blocks, ring_axes):
     return fn(carry, blocks)
 
 
-def _unhoistable(x, *positions):
-    """``x`` and ``positions`` through an optimization barrier, so that what is computed
-    from the positions alone (the masks) counts as depending on ``x``. Inside a scan
-    over layers the positions are the same at every layer; differentiating the scan,
-    JAX would otherwise compute every mask of every key block ahead of the layers and
-    keep them all (at 4K queries per device over 32K keys, 32 heads: 50 GiB)."""
-    return jax.lax.optimization_barrier((x, *positions))
+def _rows(x):
+    """``[b, N, t]`` per-query values as ``[b, t, N, 1]``, to scale ``[b, t, N, H]``."""
+    return jnp.swapaxes(x, 1, 2)[..., None]
 
 
-def _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes):
-    """The online softmax over every device's keys: ``out [b, K, G, t, H]`` (normalised,
-    float32) and ``lse [b, K, G, t]`` (log-sum-exp of each query's scores, 0 for a
-    query that sees no key); ``q``: ``[b, t, K, G, H]``."""
-    q, query_positions, key_positions = _unhoistable(q, query_positions, key_positions)
-    batch, length, num_kv, groups, head_dim = q.shape
-    shape = (batch, num_kv, groups, length)
-    state = (
-        jnp.zeros((*shape, head_dim), jnp.float32),
-        jnp.full(shape, NEG, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-    )
+def _forward(q, key, value, query_positions, key_positions, blocks: _Blocks, ring_axes):
+    """The softmax over every device's keys: ``out [b, t, N, H]`` float32 and ``lse
+    [b, N, t]`` (``-inf`` for a query that sees no key). Each device's keys give a
+    normalised output and its log-sum-exp; two such are combined by weighting each
+    with ``exp(its lse - their log-sum-exp)``."""
+    batch, length, heads, _ = q.shape
+    state = (jnp.zeros(q.shape, jnp.float32), jnp.full((batch, heads, length), -jnp.inf))
 
-    def fold(state, blocks):
-        k, v, kp = blocks
-        fold_block = lambda s, k, v, kp: (
-            _fold(s, q, k, v, query_positions, kp, scale, window),
-            None,
-        )  # noqa: E731
-        state, _ = _over_key_blocks(fold_block, state, query_positions, k, v, kp, window)
-        return state, blocks
+    def fold(state, kv):
+        (out, lse), (k, v, kp) = state, kv
+        block_out, block_lse = blocks.forward(q, k, v, query_positions, kp)
+        total = jnp.logaddexp(lse, block_lse)
+        finite = jnp.where(jnp.isfinite(total), total, 0.0)  # -inf - -inf would be nan
+        out = out * _rows(jnp.exp(lse - finite)) + block_out.astype(jnp.float32) * _rows(
+            jnp.exp(block_lse - finite)
+        )
+        return (out, total), kv
 
-    (out, maximum, total), _ = _around_ring(fold, state, (key, value, key_positions), ring_axes)
-    seen = total > 0
-    out = jnp.where(seen[..., None], out / jnp.where(seen, total, 1.0)[..., None], 0.0)
-    return out, jnp.where(seen, maximum + jnp.log(jnp.where(seen, total, 1.0)), 0.0)
+    state, _ = _around_ring(fold, state, (key, value, key_positions), ring_axes)
+    return state
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _attend(q, key, value, query_positions, key_positions, scale, window, ring_axes):
-    """This device's attention output ``[b, K, G, t, H]`` in ``value``'s dtype."""
-    out, _ = _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend(q, key, value, query_positions, key_positions, blocks, ring_axes):
+    """This device's attention output ``[b, t, N, H]`` in ``value``'s dtype."""
+    out, _ = _forward(q, key, value, query_positions, key_positions, blocks, ring_axes)
     return out.astype(value.dtype)
 
 
-def _attend_fwd(q, key, value, query_positions, key_positions, scale, window, ring_axes):
-    out, lse = _forward(q, key, value, query_positions, key_positions, scale, window, ring_axes)
+def _attend_fwd(q, key, value, query_positions, key_positions, blocks, ring_axes):
+    out, lse = _forward(q, key, value, query_positions, key_positions, blocks, ring_axes)
     out = out.astype(value.dtype)
     return out, (q, key, value, query_positions, key_positions, out, lse)
 
 
-def _attend_bwd(scale, window, ring_axes, residuals, d_out):
-    """Flash attention's backward pass around the ring: each block's probabilities
-    recomputed from the saved log-sum-exp; the keys' and values' gradients travel with
-    them and take one more pass to get home."""
+def _attend_bwd(blocks, ring_axes, residuals, d_out):
+    """Flash attention's backward pass around the ring: each device's keys give their
+    own gradients and their part of the queries' from the whole softmax's log-sum-exp;
+    the keys' and values' gradients travel with them and take one more pass home."""
     q, key, value, query_positions, key_positions, out, lse = residuals
-    d_out, query_positions, key_positions = _unhoistable(d_out, query_positions, key_positions)
-    do = d_out.astype(jnp.float32)
-    delta = (do * out.astype(jnp.float32)).sum(-1)  # [b, K, G, t]
-    qf = q.astype(jnp.float32)
+    delta = jnp.einsum("btnh,btnh->bnt", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
 
-    def block(dq, k, v, kp):
-        scores = jnp.einsum("btkgh,bskh->bkgts", qf, k.astype(jnp.float32)) * jnp.float32(scale)
-        mask = _visible(query_positions, kp, window)[:, None, None]
-        probs = jnp.where(mask, jnp.exp(scores - lse[..., None]), 0.0)
-        dv = jnp.einsum("bkgts,bkgth->bskh", probs, do)
-        dscores = probs * (
-            jnp.einsum("bkgth,bskh->bkgts", do, v.astype(jnp.float32)) - delta[..., None]
-        )
-        dq = dq + jnp.einsum("bkgts,bskh->bkgth", dscores, k.astype(jnp.float32)) * scale
-        dk = jnp.einsum("bkgts,btkgh->bskh", dscores, qf) * jnp.float32(scale)
-        return dq, (dk, dv)
-
-    def grads(dq, blocks):
-        k, v, kp, dk, dv = blocks
-        dq, (dk_new, dv_new) = _over_key_blocks(block, dq, query_positions, k, v, kp, window)
-        return dq, (k, v, kp, dk + dk_new, dv + dv_new)
+    def grads(dq, kv):
+        k, v, kp, dk, dv = kv
+        dq_k, dk_k, dv_k = blocks.backward(q, k, v, query_positions, kp, d_out, lse, delta)
+        return dq + f32(dq_k), (k, v, kp, dk + f32(dk_k), dv + f32(dv_k))
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
     dq, (_, _, _, dk, dv) = _around_ring(
-        grads, zeros(out), (key, value, key_positions, zeros(key), zeros(value)), ring_axes
+        grads, zeros(q), (key, value, key_positions, zeros(key), zeros(value)), ring_axes
     )
     if ring_axes:
         dk, dv = _rotate(dk, ring_axes), _rotate(dv, ring_axes)
-    dq = dq.transpose(0, 3, 1, 2, 4).astype(q.dtype)
-    return dq, dk.astype(key.dtype), dv.astype(value.dtype), None, None
+    return dq.astype(q.dtype), dk.astype(key.dtype), dv.astype(value.dtype), None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def _local(query, key, value, query_positions, key_positions, *, scale, window, ring_axes):
-    """Attention of this device's queries; ``ring_axes``: pass the keys around them
-    (ring), or () when ``key`` already holds them all."""
-    batch, length, num_heads, head_dim = query.shape
-    num_kv = key.shape[2]
-    q = query.reshape(batch, length, num_kv, num_heads // num_kv, head_dim)
-    out = _attend(q, key, value, query_positions, key_positions, scale, window, tuple(ring_axes))
-    return out.transpose(0, 3, 1, 2, 4).reshape(batch, length, num_heads, head_dim)
-
-
-def _blocked(query, key, value, query_positions, key_positions, *, scale, window):
-    """Attention over all of ``key`` by blocks: ``dot_product_attention``'s ``"chunked"``
-    on a CPU, its ``"flash"`` Pallas kernels on TPU and GPU."""
-    from kernels_pallas.flash_attention import flash_attention
-
-    impl = "xla" if jax.default_backend() == "cpu" else "pallas"
-    return flash_attention(
-        query, key, value, query_positions, key_positions, scale=scale, window=window, impl=impl
-    )
+def _impl(impl: str | None) -> str:
+    """The flash-attention implementation of each block: ``"pallas"`` for TPU and GPU
+    (those of the mesh in force: a TPU slice compiled ahead of time from a CPU host
+    too), ``"xla"`` on a CPU (the kernels would be interpreted), unless named."""
+    if impl is None:
+        return "pallas" if target_platform() in ("tpu", "gpu") else "xla"
+    if impl not in ("xla", "pallas"):
+        raise ValueError(f"impl must be None, 'xla' or 'pallas', got {impl!r}")
+    return impl
 
 
 def sequence_parallel_attention(
-    query, key, value, query_positions, key_positions, *, scale, window=None, variant="ring"
-):
+    query, key, value, query_positions, key_positions, *, scale, window=None, variant="ring",
+    impl=None,
+):  # fmt: skip
     """``dot_product_attention`` with the tokens split over the sequence mesh axes
-    (``variant``: ``"ring"`` or ``"allgather"``; see the module docstring)."""
+    (``variant``: ``"ring"`` or ``"allgather"``; see the module docstring). ``impl``:
+    the flash attention of each block, ``"xla"`` or ``"pallas"`` (default: by the
+    backend, the kernels on TPU and GPU; on a CPU they run interpreted)."""
+    blocks = _Blocks(scale, window, _impl(impl))
     axes = sequence_axes()
     mesh = jax.sharding.get_abstract_mesh()
     size = lambda names: math.prod(mesh.shape[n] for n in names)  # noqa: E731
     if axes and (query.shape[1] % size(axes) or key.shape[1] % size(axes)):
         axes = ()  # a length the axis does not divide (one token when a model is traced)
     if not axes:
-        if variant == "allgather":
-            return _blocked(
-                query, key, value, query_positions, key_positions, scale=scale, window=window
-            )
-        return _local(
-            query, key, value, query_positions, key_positions,
-            scale=scale, window=window, ring_axes=(),
-        )  # fmt: skip
+        return _attend(query, key, value, query_positions, key_positions, blocks, ())
 
     def split(logical, dim):  # the mesh axes of ``logical`` when they divide ``dim``
         names = _mesh_axes(logical, mesh)
@@ -306,16 +235,11 @@ def sequence_parallel_attention(
     kv_spec = PartitionSpec(batch, axes, kv_heads, None)
     pos_spec = PartitionSpec(batch, axes)
 
-    if variant == "ring":
-
-        def local(q, k, v, qp, kp):
-            return _local(q, k, v, qp, kp, scale=scale, window=window, ring_axes=axes)
-
-    else:
-
-        def local(q, k, v, qp, kp):
-            gather = lambda x: jax.lax.all_gather(x, axes, axis=1, tiled=True)  # noqa: E731
-            return _blocked(q, gather(k), gather(v), qp, gather(kp), scale=scale, window=window)
+    def local(q, k, v, qp, kp):
+        if variant == "ring":
+            return _attend(q, k, v, qp, kp, blocks, axes)
+        gather = lambda x: jax.lax.all_gather(x, axes, axis=1, tiled=True)  # noqa: E731
+        return _attend(q, gather(k), gather(v), qp, gather(kp), blocks, ())
 
     mapped = jax.shard_map(
         local,

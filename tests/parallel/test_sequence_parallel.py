@@ -38,14 +38,18 @@ _SCRIPT = textwrap.dedent(
     k = jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(B, T, K, H)), jnp.float32)
     pos = np.tile(np.arange(T), (B, 1)); pos[1, :5] = -1
+    from lhc.nn.ring_attention import sequence_parallel_attention
     def attention(impl, window, q, k, v, p):
+        if impl == "ring-pallas":  # the Pallas flash kernels in each ring step, interpreted
+            return sequence_parallel_attention(
+                q, k, v, p, p, scale=H ** -0.5, window=window, impl="pallas")
         return dot_product_attention(q, k, v, p, p, impl=impl, window=window)
     def loss(impl, window, q, k, v, p):
         return (attention(impl, window, q, k, v, p) ** 2).sum()
     for window in (None, 9):
         want = attention("xla", window, q, k, v, jnp.asarray(pos))
         want_grads = jax.grad(loss, argnums=(2, 3, 4))("xla", window, q, k, v, jnp.asarray(pos))
-        for shape, impls in (((1, 1, 1, 8), ("ring", "allgather")), ((1, 2, 2, 2), ("ring",))):
+        for shape, impls in (((1, 1, 1, 8), ("ring", "allgather")), ((1, 2, 2, 2), ("ring", "ring-pallas"))):
             order = zigzag_order(T, shape[3]); back = np.argsort(order)
             args = (q[:, order], k[:, order], v[:, order], jnp.asarray(pos[:, order]))
             for impl in impls:
@@ -150,7 +154,7 @@ def test_sequence_parallel_attention_model_and_decoding_equal_one_device():
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
     results = json.loads(line[len("RESULT ") :])
-    assert len(results["attention"]) == 6
+    assert len(results["attention"]) == 8
     for r in results["attention"]:
         assert r["error"] < 1e-5 and r["grad_error"] < 1e-4, r
     # Each device passes on its keys, values (2 rows x 8 tokens x 2 heads x 8, float32)
@@ -240,3 +244,39 @@ def test_ring_attention_gradients_inside_a_layer_scan_keep_no_score_blocks():
     compiled = step.lower("ring", None, *shapes, jnp.arange(length)[None]).compile()
     scores = length * length * heads * 4  # one layer's float32 [heads, t, s]
     assert compiled.memory_analysis().temp_size_in_bytes < scores / 2
+
+
+def test_ring_attention_compiles_the_flash_kernels_for_a_tpu_slice():
+    """For a TPU slice (v5e 2x2, the sequence split 4 ways, compiled ahead of time on
+    this CPU host), each ring step's attention and its backward pass are the Mosaic
+    flash kernels, not XLA."""
+    pytest.importorskip("libtpu", reason="libtpu (the tpu extra) is needed to compile for TPU")
+    import re
+
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from lhc.nn.attention_ops import dot_product_attention
+
+    topology = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
+    mesh = topologies.make_mesh(topology, (1, 1, 1, 4), ("data", "fsdp", "tensor", "sequence"))
+    rules = parallel.sequence_parallel_rules()
+    split = NamedSharding(mesh, PartitionSpec(None, "sequence"))
+    q = jax.ShapeDtypeStruct((1, 2048, 8, 128), jnp.bfloat16, sharding=split)
+    kv = jax.ShapeDtypeStruct((1, 2048, 2, 128), jnp.bfloat16, sharding=split)
+    pos = jax.ShapeDtypeStruct((1, 2048), jnp.int32, sharding=split)
+
+    def loss(q, k, v, p):
+        out = dot_product_attention(q, k, v, p, p, impl="ring")
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        lowered = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, kv, kv, pos)
+    names = set(re.findall(r'kernel_name = "(\w+)"', lowered.as_text()))
+    assert names == {"flash_attention_fwd", "flash_attention_bwd_dq", "flash_attention_bwd_dkv"}
+    compiled = lowered.compile()  # Mosaic compiles the kernels for v5e here
+    assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
+    assert "collective-permute" in compiled.as_text()
