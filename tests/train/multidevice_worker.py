@@ -12,6 +12,7 @@ devices (XLA_FLAGS) and the distributed runtime must be set before JAX starts.
 import json
 import os
 import pathlib
+import shutil
 import sys
 
 mode, workdir = sys.argv[1], sys.argv[2]
@@ -86,10 +87,14 @@ def copy_config(mesh_shape, attention_impl):
     return config
 
 
-def run(name, mesh_shape, config=None):
+def run(name, mesh_shape, config=None, resume_from=None):
+    """Trains ``config`` (or the tiny config on ``mesh_shape``) in ``WORKDIR/name``, first
+    copying the run ``WORKDIR/resume_from`` there to continue it."""
     if config is None:
         config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
     path = os.path.join(workdir, name)
+    if resume_from is not None:
+        shutil.copytree(os.path.join(workdir, resume_from), path)
     train.train_and_evaluate(config, path)
     losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
     _, params, _ = train.restore_params(config, path)
@@ -112,6 +117,15 @@ if mode == "meshes":
         "copy_single": run("copy_single", None, copy_config("(1,1,1,1)", "xla")),
         "copy_fsdp2_sequence4": run("copy_seq", None, copy_config("(1,2,1,4)", "ring")),
     }
+    # The one-device run's checkpoint continued for 2 steps on the sequence mesh and,
+    # the reference, on one device.
+    for name, mesh_shape, impl in (
+        ("copy_resumed_single", "(1,1,1,1)", "xla"),
+        ("copy_resumed_fsdp2_sequence4", "(1,2,1,4)", "ring"),
+    ):
+        config = copy_config(mesh_shape, impl)
+        config.num_steps = 5
+        results[name] = run(name, None, config, resume_from="copy_single")
 elif mode == "single":
     results = {
         "single": run("single", "(1,1,1)"),
