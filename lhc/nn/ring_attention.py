@@ -221,7 +221,7 @@ def sequence_parallel_attention(
     size = lambda names: math.prod(mesh.shape[n] for n in names)  # noqa: E731
     if axes and (query.shape[1] % size(axes) or key.shape[1] % size(axes)):
         axes = ()  # a length the axis does not divide (one token when a model is traced)
-    if not axes:
+    if mesh.empty:
         return _attend(query, key, value, query_positions, key_positions, blocks, ())
 
     def split(logical, dim):  # the mesh axes of ``logical`` when they divide ``dim``
@@ -231,12 +231,17 @@ def sequence_parallel_attention(
     batch = split("act_batch", query.shape[0])
     heads = split("act_heads", query.shape[2])
     kv_heads = split("act_kv_heads", key.shape[2])
-    q_spec = PartitionSpec(batch, axes, heads, None)
-    kv_spec = PartitionSpec(batch, axes, kv_heads, None)
-    pos_spec = PartitionSpec(batch, axes)
+    if kv_heads != heads:  # each device's query heads must read its own key/value heads
+        heads = kv_heads = None
+    # Without a sequence axis the rows and heads are still split: the kernels run
+    # per device (Mosaic kernels cannot be partitioned by XLA).
+    tokens = axes or None
+    q_spec = PartitionSpec(batch, tokens, heads, None)
+    kv_spec = PartitionSpec(batch, tokens, kv_heads, None)
+    pos_spec = PartitionSpec(batch, tokens)
 
     def local(q, k, v, qp, kp):
-        if variant == "ring":
+        if variant == "ring" or not axes:
             return _attend(q, k, v, qp, kp, blocks, axes)
         gather = lambda x: jax.lax.all_gather(x, axes, axis=1, tiled=True)  # noqa: E731
         return _attend(q, gather(k), gather(v), qp, gather(kp), blocks, ())
