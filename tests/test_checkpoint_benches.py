@@ -56,15 +56,25 @@ def test_quantspec(checkpoint):
     assert tokenizer.decode(prompts[0].tolist()).strip().startswith("The grass is green.")
 
 
-def test_icl_vectors(checkpoint):
+def test_icl_vectors(checkpoint, tmp_path):
+    results = tmp_path / "iv.jsonl"
     flags = (
         "--word-tasks topic-letters --shots 1 --episodes 2 --val-episodes 2 --test-episodes 4 "
-        "--ext-shots 1 --strengths 0.1 --ext-strengths 0.1"
+        f"--ext-shots 1 --strengths 0.1 --ext-strengths 0.1 --results {results}"
     ).split()
     result = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
     (row,) = result["rows"]
     assert row["labels"] == ["A", "B", "C", "D"] and row["task"] == "topic-letters"
     assert 0 <= row["clean_f1"] <= 1 and 0 <= row["iv_f1"] <= 1
+    # The raw record: every test episode's class and predictions, traced to the weights;
+    # a rerun finds the case done.
+    (record,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert record["model"] == checkpoint and len(record["source"]) == 64
+    true = np.array(record["test_classes"])
+    assert len(true) == 4 and set(record["predicted"]) == {"clean", "tv", "iv"}
+    assert record["iv_acc"] == np.mean(np.array(record["predicted"]["iv"]) == true)
+    again = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
+    assert again["rows"][0]["iv_f1"] == row["iv_f1"] and len(results.read_text().splitlines()) == 1
     flags = "--clean-only --word-tasks case-letters --seeds 1,2 --val-episodes 3".split()
     chosen = icl_bench.main(["vectors", "--checkpoint", checkpoint, *flags])
     assert [(r["task"], r["seed"], r["chance"]) for r in chosen["rows"]] == [

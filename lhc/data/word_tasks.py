@@ -13,17 +13,21 @@ which label names which class when the labels are arbitrary (letters, unrelated 
 or swapped (another class's name), which is where in-context learning has headroom.
 ``TASKS`` names them ``<inputs>-<labels>``:
 
-* ``sentiment``: ``The <noun> was <adjective>.``, 8 nouns x 8 positive or 8 negative
-  adjectives (64 per class); labels ``letters`` (" A" positive, " B" negative),
-  ``words`` (" blue", " green") or ``flipped`` (" negative" for the positive class);
+* ``sentiment``: ``The <noun> was <adjective>.`` and two other frames, 16 nouns x 12
+  positive or 12 negative adjectives x 3 frames (576 per class); labels ``letters``
+  (" A" positive, " B" negative), ``words`` (" blue", " green") or ``flipped``
+  (" negative" for the positive class);
 * ``category``: single English words, 20 per class (animal, fruit, colour, vehicle);
   labels ``letters`` (" A".." D"), ``words`` (" river", " chair", " cloud", " piano") or
   ``names`` (" animal", ...: the control at the ceiling);
-* ``case``: the 80 category words in lower case, upper case or title case; labels
-  ``letters``;
-* ``topic``: the generated sentences of ``lhc.data.topics`` (216 per topic; sports,
-  food, weather, music); labels ``letters`` or ``swapped`` (each topic labelled with
-  the next one's name).
+* ``case``: two-word phrases, a colour and an animal, fruit or vehicle (1,200), in
+  lower case, upper case or title case; labels ``letters``;
+* ``topic``: the generated sentences of ``lhc.data.topics``, as they are or ending
+  "last week" or "this morning" (648 per topic; sports, food, weather, music); labels
+  ``letters`` or ``swapped`` (each topic labelled with the next one's name).
+
+Every class of the sentiment, case and topic tasks has at least 144 inputs in its test
+quarter; the category tasks have 5.
 
     task = TASKS["category-letters"]
     texts, classes = task.sample(np.random.default_rng(0), 8)
@@ -40,9 +44,22 @@ import numpy as np
 
 from lhc.data.topics import TOPICS
 
-SENTIMENT_NOUNS = ("movie", "meal", "hotel", "concert", "service", "book", "trip", "game")
-POSITIVE = tuple("wonderful excellent delightful superb lovely fantastic great brilliant".split())
-NEGATIVE = tuple("terrible awful boring disappointing dreadful horrible bad dull".split())
+SENTIMENT_NOUNS = tuple(
+    "movie meal hotel concert service book trip game album show restaurant museum flight "
+    "course lecture party".split()
+)
+POSITIVE = tuple(
+    "wonderful excellent delightful superb lovely fantastic great brilliant amazing "
+    "enjoyable pleasant outstanding".split()
+)
+NEGATIVE = tuple(
+    "terrible awful boring disappointing dreadful horrible bad dull mediocre unpleasant "
+    "annoying miserable".split()
+)
+SENTIMENT_FRAMES = ("The {noun} was {adjective}.", "I thought the {noun} was {adjective}.",
+                    "Honestly, the {noun} was {adjective}.")  # fmt: skip
+# Appended to a topic sentence: they name no topic, and make 3 sentences of each.
+TOPIC_TIMES = ("", " last week", " this morning")
 CATEGORIES = {
     name: tuple(words.split())
     for name, words in {
@@ -128,7 +145,12 @@ class WordTask:
 
 def _sentiment(labels: tuple[str, ...], name: str) -> WordTask:
     inputs = tuple(
-        tuple(f"The {noun} was {adjective}." for noun in SENTIMENT_NOUNS for adjective in side)
+        tuple(
+            frame.format(noun=noun, adjective=adjective)
+            for frame in SENTIMENT_FRAMES
+            for noun in SENTIMENT_NOUNS
+            for adjective in side
+        )
         for side in (POSITIVE, NEGATIVE)
     )
     return WordTask(f"sentiment-{name}", inputs, labels, "Review: {text}\nSentiment")
@@ -141,15 +163,21 @@ def _category(labels: tuple[str, ...], name: str) -> WordTask:
 
 
 def _case() -> WordTask:
-    words = [w for group in CATEGORIES.values() for w in group]
-    inputs = tuple(tuple(map(style, words)) for style in (str.lower, str.upper, str.title))
-    return WordTask("case-letters", inputs, LETTERS[:3], "Word: {text}\nCase")
+    colours = CATEGORIES["colour"]
+    things = [w for name, group in CATEGORIES.items() if name != "colour" for w in group]
+    phrases = [f"{colour} {thing}" for colour in colours for thing in things]
+    inputs = tuple(tuple(map(style, phrases)) for style in (str.lower, str.upper, str.title))
+    return WordTask("case-letters", inputs, LETTERS[:3], "Words: {text}\nCase")
 
 
 def _topic(labels: tuple[str, ...], name: str) -> WordTask:
     names = ("sports", "food", "weather", "music")
     inputs = tuple(
-        tuple(" ".join(parts) + "." for parts in itertools.product(*TOPICS[topic]))
+        tuple(
+            " ".join(parts) + when + "."
+            for when in TOPIC_TIMES
+            for parts in itertools.product(*TOPICS[topic])
+        )
         for topic in names
     )
     return WordTask(f"topic-{name}", inputs, labels, "Text: {text}\nTopic")

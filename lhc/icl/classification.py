@@ -106,7 +106,8 @@ def split(task: ClassificationTask, count: int, seed: int) -> Examples:
 def text_format(tokenizer, task) -> Format:
     """The Iterative Vectors layout of a natural-language ``task`` in a pretrained
     model's tokens: the input (``task.prompt_input``), the separator ``:``, the label
-    (``task.label_texts()``), demonstrations joined by a blank line.
+    (``task.label_texts()``), demonstrations joined by a blank line, after the BOS
+    token when the tokenizer adds one.
 
     Raises:
         ValueError: ``:`` is not one token of ``tokenizer``, or two labels start with
@@ -116,7 +117,9 @@ def text_format(tokenizer, task) -> Format:
     if len(separator) != 1:
         raise ValueError(f"the separator ':' must be one token, got {separator}")
     labels = tuple(tuple(tokenizer.encode(label)) for label in task.label_texts())
-    return Format(labels, separator[0], tuple(tokenizer.encode("\n\n")))
+    adds_bos = getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_id is not None
+    bos = (tokenizer.bos_id,) if adds_bos else ()
+    return Format(labels, separator[0], tuple(tokenizer.encode("\n\n")), prefix=bos)
 
 
 def text_split(tokenizer, task, count: int, seed: int) -> Examples:

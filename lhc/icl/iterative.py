@@ -57,11 +57,14 @@ class Format:
         labels: per class, the label's token ids (first tokens must differ).
         separator: the token between input and label (its position is where vectors go).
         block: the tokens between demonstrations.
+        prefix: the tokens every prompt starts with (a BOS token for a model trained
+            with one, e.g. Gemma).
     """
 
     labels: tuple[tuple[int, ...], ...]
     separator: int
     block: tuple[int, ...]
+    prefix: tuple[int, ...] = ()
 
     def __post_init__(self):
         firsts = [label[0] for label in self.labels]
@@ -85,7 +88,7 @@ class Prompt:
 def build_prompt(fmt: Format, support, query_input, query_label: int | None = None) -> Prompt:
     """``support``: ``(input tokens, class)`` pairs in prompt order; the query's label is
     appended when given (extraction reads its separator, which comes before it)."""
-    tokens, separators = [], []
+    tokens, separators = list(fmt.prefix), []
     for inputs, label in support:
         tokens += list(inputs)
         separators.append(len(tokens))
@@ -112,15 +115,29 @@ class Examples:
         if short:
             raise ValueError(f"classes {short} have fewer than 2 examples")
 
-    def episode(self, rng: np.random.Generator, shots: int, query_class: int | None = None):
-        """``shots`` examples per class (shuffled) and a query from another row."""
-        picks = [rng.choice(rows, shots, replace=False) for rows in self.by_class]
+    def episode(
+        self,
+        rng: np.random.Generator,
+        shots: int,
+        query_class: int | None = None,
+        query: int | None = None,
+    ):
+        """``shots`` examples per class (shuffled) and a query from another row (the
+        row ``query`` when given, its class then the query's)."""
+        picks = [
+            rng.choice(rows if query is None else rows[rows != query], shots, replace=False)
+            for rows in self.by_class
+        ]
         support = [(int(i), c) for c, rows in enumerate(picks) for i in rows]
         support = [support[i] for i in rng.permutation(len(support))]
-        used = {i for i, _ in support}
-        query_class = int(rng.integers(len(self.by_class))) if query_class is None else query_class
-        candidates = [i for i in self.by_class[query_class] if i not in used]
-        query = int(rng.choice(candidates))
+        if query is not None:
+            query_class = int(self.labels[query])
+        else:
+            used = {i for i, _ in support}
+            if query_class is None:
+                query_class = int(rng.integers(len(self.by_class)))
+            candidates = [i for i in self.by_class[query_class] if i not in used]
+            query = int(rng.choice(candidates))
         return [(self.inputs[i], c) for i, c in support], (self.inputs[query], query_class)
 
 
@@ -264,8 +281,14 @@ def macro_f1(predicted, true, num_classes: int) -> float:
     return float(np.mean(scores))
 
 
-def evaluation_episodes(examples: Examples, shots: int, count: int, seed: int):
+def evaluation_episodes(examples: Examples, shots: int, count: int | None, seed):
+    """``count`` episodes of ``examples`` drawn with ``seed``, or with ``count`` None one
+    per input, each input the query once (in a shuffled order), so that every input is
+    scored and two methods can be compared input by input."""
     rng = np.random.default_rng(seed)
+    if count is None:
+        order = rng.permutation(len(examples.inputs))
+        return [examples.episode(rng, shots, query=int(i)) for i in order]
     return [examples.episode(rng, shots) for _ in range(count)]
 
 

@@ -42,11 +42,17 @@ def test_the_layouts():
     assert TASKS["category-letters"].prompt_input("plum") == "Word: plum\nCategory"
     assert TASKS["sentiment-flipped"].label_texts() == (" negative", " positive")
     assert TASKS["sentiment-flipped"].inputs[0][0] == "The movie was wonderful."
-    assert (
-        TASKS["case-letters"].inputs[1][0] == "DOG" and TASKS["case-letters"].inputs[2][0] == "Dog"
-    )
+    case = TASKS["case-letters"]
+    assert case.inputs[1][0] == "RED DOG" and case.inputs[2][0] == "Red Dog"
     assert TASKS["topic-swapped"].label_texts()[0] == " food"
-    assert len(TASKS["topic-letters"].inputs[0]) == 216
+    assert (
+        TASKS["topic-letters"].inputs[0][216]
+        == "The striker scored twice in the final match last week."
+    )
+    # At least 100 distinct test inputs per class, but for the category words.
+    for name, task in TASKS.items():
+        smallest = min(len(texts) for texts in task.part("test", 0).inputs)
+        assert smallest >= 100 or name.startswith("category"), (name, smallest)
 
 
 def test_bad_names_and_parts():

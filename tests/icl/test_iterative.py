@@ -144,3 +144,41 @@ def test_bad_input_is_refused():
         Examples([[1], [2], [3]], [0, 0, 1], 2)
     with pytest.raises(ValueError, match="must be >= 1"):
         iterative.extract(None, None, FMT, _examples(), ExtractConfig(episodes=0))
+
+
+def test_evaluation_episodes_with_every_input_the_query_once():
+    inputs = [[20 + i, 30 + i] for i in range(9)]  # distinct inputs, told apart by value
+    examples = Examples(inputs, [i % 3 for i in range(9)], 3)
+    episodes = iterative.evaluation_episodes(examples, 2, None, seed=1)
+    queries = [tuple(int(t) for t in query) for _, (query, _) in episodes]
+    assert sorted(queries) == sorted(tuple(x) for x in inputs)
+    for support, (query, query_class) in episodes:
+        assert query_class == (int(query[0]) - 20) % 3
+        shown = [tuple(int(t) for t in x) for x, _ in support]
+        assert tuple(int(t) for t in query) not in shown and len(set(shown)) == 6
+        assert sorted(c for _, c in support) == [0, 0, 1, 1, 2, 2]
+    assert queries != [tuple(x) for x in inputs]  # shuffled
+
+
+def test_prompts_start_with_bos_for_a_tokenizer_that_adds_one():
+    from lhc.data.word_tasks import TASKS
+    from lhc.icl.classification import text_format
+
+    class Chars:  # one token per character (surrounding spaces dropped)
+        bos_id = 1
+
+        def __init__(self, add_bos_token):
+            self.add_bos_token = add_bos_token
+
+        def encode(self, text):
+            return [ord(c) for c in (text.strip() or text)]
+
+    task = TASKS["sentiment-letters"]
+    plain = text_format(Chars(False), task)
+    fmt = text_format(Chars(True), task)
+    assert plain.prefix == () and fmt.prefix == (1,)
+    support = [([70, 71], 0), ([72], 1)]
+    with_bos, without = build_prompt(fmt, support, [73], 1), build_prompt(plain, support, [73], 1)
+    assert with_bos.tokens.tolist() == [1, *without.tokens.tolist()]
+    assert (with_bos.separators == without.separators + 1).all()
+    assert with_bos.tokens[with_bos.separators].tolist() == [ord(":")] * 3

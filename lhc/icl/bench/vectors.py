@@ -16,9 +16,13 @@ tasks (seeds 1..N), their inputs drawn as in its pretraining::
     lhc bench icl vectors --workdir /tmp/iv/model --tasks 3 --shots 1
 
 The default grid (``--ext-shots 1,2``, ``--ext-strengths 0.1,0.5``, ``--strengths
-0.1,0.5,0.9``; 100 extraction episodes, 64 validation and 256 test episodes) is a
-quarter of the released code's (ext_shot 1-4, both strengths in 0.1..0.9, 200
-extraction and 10,000 test episodes); pass those flags for the full one.
+0.01,0.03,0.1,0.3,0.9``; 100 extraction episodes, 64 validation episodes, and one test
+episode per test input, each input the query once) is smaller than the released
+code's (ext_shot 1-4, both strengths in 0.1..0.9, 200 extraction and 10,000 test
+episodes) and reaches lower strengths (on SmolLM2 the best strength was the grid's
+lowest, 0.1, in 10 of 12 runs); pass those flags for the full one. ``--results FILE``
+keeps one JSON line per task and seed with every test episode's class and each
+method's prediction (``experiments/icl/iterative_vectors/report.py`` renders them).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lhc import bench, lm
+from lhc import bench, lm, stats
 from lhc.data import word_tasks
 from lhc.icl import classification, iterative
 from lhc.icl.iterative import Examples, Format
@@ -75,7 +79,10 @@ def word_case(tokenizer, name: str, seed: int) -> Case:
 
 def run_case(model, params, case: Case, args) -> dict:
     """Clean, Task Vectors and Iterative Vectors on one case: a row of the table."""
-    val = iterative.evaluation_episodes(case.validation, args.shots, args.val_episodes, case.seed)
+    # Validation and test episodes from their own streams of the case's seed.
+    val = iterative.evaluation_episodes(
+        case.validation, args.shots, args.val_episodes, [case.seed, 0]
+    )
     num_classes = case.fmt.num_classes
     began = time.perf_counter()
     if args.clean_only:  # choosing tasks: the plain prompt on validation episodes
@@ -90,7 +97,9 @@ def run_case(model, params, case: Case, args) -> dict:
             val_acc=float(np.mean(predicted == truth)),
             seconds=time.perf_counter() - began,
         )
-    test = iterative.evaluation_episodes(case.test, args.shots, args.test_episodes, case.seed)
+    test = iterative.evaluation_episodes(
+        case.test, args.shots, args.test_episodes or None, [case.seed, 1]
+    )
     true = np.array([q[1] for _, q in test])
 
     def score(predicted):
@@ -117,9 +126,8 @@ def run_case(model, params, case: Case, args) -> dict:
             negative_shift=args.negative_shift,
             seed=case.seed,
         )
-        ivs = score(
-            iterative.predict(model, params, case.fmt, test, best["vectors"], best["strength"])
-        )
+        iv = iterative.predict(model, params, case.fmt, test, best["vectors"], best["strength"])
+        ivs = score(iv)
     return dict(
         task=case.task,
         seed=case.seed,
@@ -140,6 +148,10 @@ def run_case(model, params, case: Case, args) -> dict:
         grid=grid,
         seconds=time.perf_counter() - began,
         compile_seconds=compiling["seconds"],
+        # Per test episode (each test input the query once, unless --test-episodes): its
+        # class and each method's prediction, for paired statistics over the inputs.
+        test_classes=true.tolist(),
+        predicted=dict(clean=plain.tolist(), tv=patched.tolist(), iv=iv.tolist()),
     )
 
 
@@ -255,14 +267,28 @@ def vectors_table(args) -> dict:
         what = f"{args.tasks} generated tasks of {args.classes} classes"
     print(
         f"model: {args.workdir or args.checkpoint} (step {step}); {what}; {args.shots}-shot, "
-        f"{args.episodes} extraction, {args.val_episodes} validation, {args.test_episodes} "
-        f"test episodes"
+        f"{args.episodes} extraction, {args.val_episodes} validation, "
+        f"{args.test_episodes or 'one per test input as'} test episodes"
     )
     began = time.perf_counter()
-    rows = []
+    rows, done, tags = [], set(), {}
+    if args.results and not args.clean_only:
+        if not args.checkpoint:
+            raise SystemExit("--results: only with --checkpoint")
+        tags = {"model": args.checkpoint, **bench.provenance(args)}
+        for record in stats.read_records(args.results):
+            if record.get("model") == args.checkpoint:
+                done.add((record["task"], record["seed"], record["shots"]))
+                rows.append(record)
     for make in cases:
-        row = run_case(model, params, make(), args)
+        case = make()
+        if (case.task, case.seed, args.shots) in done:
+            continue
+        row = run_case(model, params, case, args)
         rows.append(row)
+        if tags:
+            record = dict(tags, shots=args.shots, episodes=args.episodes, **row)
+            stats.append_records(args.results, [record])
         if args.clean_only:
             print(
                 f"{row['task']} seed {row['seed']}, {row['shots']}-shot: validation F1 "
@@ -329,9 +355,20 @@ def parser():
     p.add_argument("--shots", type=int, default=1, help="demonstrations per class at test")
     p.add_argument("--episodes", type=int, default=100, help="extraction episodes")
     p.add_argument("--val-episodes", type=int, default=64)
-    p.add_argument("--test-episodes", type=int, default=256)
+    p.add_argument(
+        "--test-episodes",
+        type=int,
+        default=0,
+        help="test episodes drawn at random; 0: one per test input, each the query once",
+    )
     p.add_argument("--ext-shots", type=bench.int_list, default="1,2")
-    p.add_argument("--strengths", type=bench.float_list, default="0.1,0.5,0.9")
+    p.add_argument("--strengths", type=bench.float_list, default="0.01,0.03,0.1,0.3,0.9")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="with --checkpoint: JSON lines, one per task and seed with every test "
+        "prediction, appended; a rerun skips the (task, seed, shots) already there",
+    )
     p.add_argument("--ext-strengths", type=bench.float_list, default="0.1,0.5")
     p.add_argument("--negative-shift", type=int, default=1)
     p.add_argument(
