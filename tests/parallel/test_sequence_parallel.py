@@ -17,7 +17,7 @@ from lhc.lm.costs import ring_attention_costs
 
 _SCRIPT = textwrap.dedent(
     """
-    import json, os, runpy
+    import functools, json, os, runpy
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, jax.numpy as jnp, numpy as np
@@ -46,6 +46,9 @@ _SCRIPT = textwrap.dedent(
         return dot_product_attention(q, k, v, p, p, impl=impl, window=window)
     def loss(impl, window, q, k, v, p):
         return (attention(impl, window, q, k, v, p) ** 2).sum()
+    @functools.partial(jax.jit, static_argnums=(0, 1))  # one program: output and gradients
+    def both(impl, window, *args):
+        return attention(impl, window, *args), jax.grad(loss, argnums=(2, 3, 4))(impl, window, *args)
     for window in (None, 9):
         want = attention("xla", window, q, k, v, jnp.asarray(pos))
         want_grads = jax.grad(loss, argnums=(2, 3, 4))("xla", window, q, k, v, jnp.asarray(pos))
@@ -54,8 +57,7 @@ _SCRIPT = textwrap.dedent(
             args = (q[:, order], k[:, order], v[:, order], jnp.asarray(pos[:, order]))
             for impl in impls:
                 with jax.set_mesh(make_mesh(shape)), nn.logical_axis_rules(rules):
-                    got = jax.jit(attention, static_argnums=(0, 1))(impl, window, *args)
-                    grads = jax.jit(jax.grad(loss, argnums=(2, 3, 4)), static_argnums=(0, 1))(impl, window, *args)
+                    got, grads = both(impl, window, *args)
                 results["attention"].append(dict(
                     window=window, shape=shape, impl=impl,
                     error=float(jnp.abs(got[:, back] - want).max()),
@@ -91,8 +93,8 @@ _SCRIPT = textwrap.dedent(
     def nll(model, params, t, p, y):
         logits, _ = model.apply({"params": params}, t, p)
         return -jnp.take_along_axis(jax.nn.log_softmax(logits), y[..., None], -1).mean()
-    want, want_grads = jax.value_and_grad(
-        lambda pr: nll(lm.Transformer(config), pr, tokens, positions, targets))(params)
+    want, want_grads = jax.jit(jax.value_and_grad(
+        lambda pr: nll(lm.Transformer(config), pr, tokens, positions, targets)))(params)
     for shape, impl in (((2, 1, 1, 4), "ring"), ((1, 2, 2, 2), "allgather")):
         c = lm.LMConfig.tiny(**base, attention_impl=impl)
         model, mesh = lm.Transformer(c), make_mesh(shape)

@@ -10,6 +10,7 @@ devices (XLA_FLAGS) and the distributed runtime must be set before JAX starts.
 """
 
 import json
+import logging
 import os
 import pathlib
 import shutil
@@ -78,8 +79,9 @@ def layouts(config):
 
 def copy_config(mesh_shape, attention_impl):
     """The tiny config on the copy task: 16 tokens, which a sequence axis of 4 splits
-    in zig-zag order (2 x 4 chunks)."""
-    config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
+    in zig-zag order (2 x 4 chunks); 5 steps, checkpointed at 3 and 5."""
+    overrides = OVERRIDES + [f"mesh_shape={mesh_shape}", "num_steps=5", "checkpoint_every=3"]
+    config = config_lib.load_config(CONFIG + ":tiny", overrides)
     with config.unlocked():
         config.data = ml_collections.ConfigDict(dict(name="copy", length=8, vocab_size=16))
     config.model.vocab_size, config.model.max_len = 16, 16
@@ -89,19 +91,35 @@ def copy_config(mesh_shape, attention_impl):
 
 def run(name, mesh_shape, config=None, resume_from=None):
     """Trains ``config`` (or the tiny config on ``mesh_shape``) in ``WORKDIR/name``, first
-    copying the run ``WORKDIR/resume_from`` there to continue it."""
+    copying the run ``WORKDIR/resume_from[0]`` there, without its checkpoints after step
+    ``resume_from[1]``, to continue it."""
     if config is None:
         config = config_lib.load_config(CONFIG + ":tiny", OVERRIDES + [f"mesh_shape={mesh_shape}"])
     path = os.path.join(workdir, name)
-    if resume_from is not None:
-        shutil.copytree(os.path.join(workdir, resume_from), path)
-    train.train_and_evaluate(config, path)
+    if resume_from is not None:  # ``(run, step)``: that run as it was at that step
+        source, step = resume_from
+        shutil.copytree(os.path.join(workdir, source), path)
+        for saved in os.listdir(os.path.join(path, "checkpoints")):
+            if saved.isdigit() and int(saved) > step:
+                shutil.rmtree(os.path.join(path, "checkpoints", saved))
+    resumed = []  # the step each resume started from, as the trainer logs it
+    handler = logging.Handler()
+    handler.emit = lambda record: (
+        resumed.append(record.args[0]) if "resumed" in record.msg else None
+    )
+    trainer_log = logging.getLogger("lhc.train.trainer")
+    trainer_log.addHandler(handler)
+    trainer_log.setLevel(logging.INFO)
+    try:
+        train.train_and_evaluate(config, path)
+    finally:
+        trainer_log.removeHandler(handler)
     losses = [r["train/loss"] for r in train.read_metrics(path) if "train/loss" in r]
     _, params, _ = train.restore_params(config, path)
     # Weights split over devices of other processes (fsdp, sequence) gathered first.
     params = multihost_utils.process_allgather(params, tiled=True)
     flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
-    result = {"losses": losses, "params": flat.tolist()}
+    result = {"losses": losses, "params": flat.tolist(), "resumed": resumed}
     if jax.device_count() > 1 and jax.process_count() == 1:
         result["layouts"] = layouts(config)
     return result
@@ -117,15 +135,10 @@ if mode == "meshes":
         "copy_single": run("copy_single", None, copy_config("(1,1,1,1)", "xla")),
         "copy_fsdp2_sequence4": run("copy_seq", None, copy_config("(1,2,1,4)", "ring")),
     }
-    # The one-device run's checkpoint continued for 2 steps on the sequence mesh and,
-    # the reference, on one device.
-    for name, mesh_shape, impl in (
-        ("copy_resumed_single", "(1,1,1,1)", "xla"),
-        ("copy_resumed_fsdp2_sequence4", "(1,2,1,4)", "ring"),
-    ):
-        config = copy_config(mesh_shape, impl)
-        config.num_steps = 5
-        results[name] = run(name, None, config, resume_from="copy_single")
+    # The one-device run's checkpoint at step 3 continued on the sequence mesh.
+    results["copy_resumed_fsdp2_sequence4"] = run(
+        "copy_resumed", None, copy_config("(1,2,1,4)", "ring"), resume_from=("copy_single", 3)
+    )
 elif mode == "single":
     results = {
         "single": run("single", "(1,1,1)"),
