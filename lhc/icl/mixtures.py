@@ -150,8 +150,9 @@ def measure(
     Returns:
         ``first`` and ``full`` (``mean [K]``, ``std [K]``, ``other``, ``kl``,
         ``kl_within``, ``spread``), ``top`` (``top_k_share``), ``first_accuracy [K]``
-        (the answer's first token is the most probable) and ``greedy_accuracy [K]``
-        (greedy decoding writes the answer and its line end).
+        (the answer's first token is the most probable), ``greedy_accuracy [K]``
+        (greedy decoding writes the answer and its line end) and ``per_prompt``
+        (``first`` and ``full``: ``[P, K]`` probabilities).
     """
     scores: AnswerScores = score_answers(
         model,
@@ -170,7 +171,17 @@ def measure(
         top=top_k_share(scores.first_ranks),
         first_accuracy=(scores.first_ranks == 0).mean(0).tolist(),
         greedy_accuracy=scores.greedy.mean(0).tolist(),
+        # Each prompt's ``[K]`` probabilities (5 significant digits), for intervals over
+        # the prompts.
+        per_prompt={
+            "first": _rounded(scores.first_probabilities),
+            "full": _rounded(scores.probabilities),
+        },
     )
+
+
+def _rounded(values: np.ndarray) -> list:
+    return [[float(f"{v:.5g}") for v in row] for row in np.asarray(values, np.float64)]
 
 
 def _rng(seed: int, name: str, index: int) -> np.random.Generator:

@@ -118,9 +118,22 @@ def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path,
         "--repeats",
         "1",
     ]
-    result = bench.main(_checkpoint_args(hf_model, *args, "--json", str(path)))
+    results = tmp_path / "sweeps.jsonl"
+    result = bench.main(
+        _checkpoint_args(hf_model, *args, "--json", str(path), "--results", str(results))
+    )
     sweep = result["addition"]
     assert [r["proportions"] for r in sweep["rows"]] == [[0, 1], [0.5, 0.5], [1, 0]]
+    # The raw record keeps every prompt's probabilities: their means are the table's.
+    (record,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert record["tasks"] == ["english", "digits"] and len(record["source"]) == 64
+    for row in record["rows"]:
+        for kind in ("first", "full"):
+            per_prompt = np.array(row["per_prompt"][kind])
+            assert per_prompt.shape == (2, 2)  # --prompts 2 (the test's), 2 tasks
+            np.testing.assert_allclose(per_prompt.mean(0), row[kind]["mean"], rtol=1e-4)
+    again = bench.main(_checkpoint_args(hf_model, *args[:6], "--results", str(results)))
+    assert again == {} and len(results.read_text().splitlines()) == 1
     for kind in ("first", "full"):
         calibration = sweep["calibration"][kind]
         assert len(calibration["grows"]) == 2 and -1 <= calibration["r"] <= 1

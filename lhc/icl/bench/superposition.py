@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lhc import bench, lm
+from lhc import bench, lm, stats
 from lhc.icl import mixtures, taskvectors
 from lhc.icl.families import get_family
 from lhc.icl.scoring import continuation_logprobs, kl_to_proportions, with_other
@@ -258,8 +258,25 @@ def family_table(args) -> dict:
         result = _single_task_table(args, model, params, tokenizer)
     else:
         result = {}
+        tags = {"model": args.checkpoint, **bench.provenance(args)} if args.results else {}
+        done = {
+            (r["family"], tuple(r["tasks"]), r["seed"], r["prompts"], r["demos"])
+            for r in (stats.read_records(args.results) if args.results else [])
+            if r.get("model") == args.checkpoint
+        }
         for name in args.family:
-            result[name] = _family_sweep(args, model, params, tokenizer, get_family(name), demos)
+            family = get_family(name)
+            tasks = tuple(args.tasks or family.tasks)
+            if (name, tasks, args.seed, args.prompts, demos) in done:
+                print(f"{name} {','.join(tasks)} seed {args.seed}: in {args.results}, skipped")
+                continue
+            result[name] = _family_sweep(args, model, params, tokenizer, family, demos)
+            if tags:
+                record = {
+                    **tags, **result[name], "family": name, "tasks": list(tasks),
+                    "seed": args.seed, "prompts": args.prompts, "demos": demos,
+                }  # fmt: skip
+                stats.append_records(args.results, [record])
     print(f"\n{time.perf_counter() - began:.0f} s")
     return result
 
@@ -395,6 +412,12 @@ def parser():
         help="from scratch: also compose the two tasks' vectors",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--results",
+        default=None,
+        help="with --checkpoint and --points: JSON lines, one per family, tasks and seed "
+        "with every prompt's probabilities, appended; a rerun skips the sweeps already there",
+    )
     return p
 
 
@@ -420,6 +443,8 @@ def parse_args(argv: Sequence[str]):
         )
     if args.workdir and args.baseline:
         command_line.error("--baseline: expected with --checkpoint, got --workdir")
+    if args.results and (args.workdir or args.single_task or not args.points):
+        command_line.error("--results: expected with --checkpoint and --points")
     if args.workdir and args.points is None:
         args.points = 11
     return args
