@@ -83,14 +83,24 @@ def test_icl_vectors(checkpoint, tmp_path):
     ]
 
 
-def test_emloc(checkpoint):
+def test_emloc(checkpoint, tmp_path):
+    results = tmp_path / "emloc.jsonl"
     flags = (
         "--tasks sentiment-letters --shots 2 --episodes 1 --queries 1 --chunk-size 2 "
-        "--deltas 0.05 --ratios 0.5"
+        f"--deltas 0.05 --ratios 0.5 --results {results}"
     ).split()
     result = emloc_bench.main(["--checkpoint", checkpoint, *flags])
     methods = {row["method"] for row in result["table"]}
     assert methods == {"full context", "EMLoC", "uniform", "SnapKV-style", "fewer shots"}
+    # Each episode's rows in the results file, traced to the weights; a rerun with one
+    # more episode runs only that one.
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(records) == 5 and {r["episode"] for r in records} == {0}
+    assert records[0]["setting"]["shots"] == 2 and len(records[0]["source"]) == 64
+    flags[flags.index("--episodes") + 1] = "2"
+    again = emloc_bench.main(["--checkpoint", checkpoint, *flags])
+    assert len(again["rows"]) == 10 and len(results.read_text().splitlines()) == 10
+    assert again["rows"][:5] == records
 
 
 def test_rapid(checkpoint):

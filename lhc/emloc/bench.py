@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from lhc import bench, lm
+from lhc import bench, lm, stats
 from lhc.data import word_tasks
 from lhc.emloc import baselines
 from lhc.emloc.compress import compress, next_token_logits
@@ -155,14 +155,36 @@ def run(args) -> dict:
 MEANS = ("accuracy", "kept", "memory_kib", "seconds", "compile_seconds")
 
 
+def _setting(args) -> dict:
+    """What makes an episode's rows comparable with another run's (``--results``)."""
+    return dict(
+        shots=args.shots, queries=args.queries, chunk_size=args.chunk_size,
+        ratios=list(args.ratios), deltas=list(args.deltas), window=args.window,
+        seed=args.seed, dtype=args.dtype,
+    )  # fmt: skip
+
+
 def evaluate(model, params, episodes, kind: str, args) -> dict:
     """The table (means per task, method and delta; over all tasks too when there are
     several) and every episode's rows. ``episodes``: ``{task: make(seed)}``."""
-    rows = []
+    rows, done, tags = [], {}, {}
+    if getattr(args, "results", None):
+        tags = {"model": args.checkpoint, **bench.provenance(args)}
+        setting = _setting(args)
+        for record in stats.read_records(args.results):
+            if record.get("model") == args.checkpoint and record["setting"] == setting:
+                done.setdefault((record["task"], record["episode"]), []).append(record)
     for task, make_episode in episodes.items():
         for index in range(args.episodes):
+            if (task, index) in done:
+                rows += done[(task, index)]
+                continue
             made = _episode_rows(model, params, make_episode, args, seed=args.seed + index)
-            rows += [dict(row, task=task, episode=index) for row in made]
+            made = [dict(row, task=task, episode=index) for row in made]
+            rows += made
+            if tags:
+                records = [dict(tags, setting=setting, **row) for row in made]
+                stats.append_records(args.results, records)
             print(f"{task}: episode {index + 1}/{args.episodes} done", flush=True)
     groups = list(episodes) + (["all"] if len(episodes) > 1 else [])
     table = []
@@ -217,11 +239,20 @@ def _parser():
     p.add_argument("--ratios", type=bench.float_list, default="0.1,0.2,0.5")
     p.add_argument("--window", type=int, default=8, help="SnapKV's observation window")
     p.add_argument("--seed", type=int, default=1000)
+    p.add_argument(
+        "--results",
+        default=None,
+        help="with --checkpoint: JSON lines, every method's row of each episode, appended; "
+        "a rerun with the same settings skips the episodes already there",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.results and not args.checkpoint:
+        parser.error("--results: expected with --checkpoint")
     return bench.finish(run(args), args)
 
 
