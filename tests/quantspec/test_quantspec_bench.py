@@ -103,7 +103,7 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
     # acceptance 1. Every greedy output equals plain decoding on the 8-bit path, whatever
     # the draft; GPTQ calibrates a scanned model through its unstacked layers.
     model, params = _tiny(scan_layers=True)
-    prompts = {40: bench.filler_prompts(1, 40)}
+    prompts = {40: bench.filler_prompts(2, 40)}
     rows = bench.acceptance_rows(
         model,
         params,
@@ -121,6 +121,11 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
     ]
     assert all(r["same_as_8bit"] for r in rows)
     assert rows[0]["acceptance"] == 1.0
+    for row in rows:  # each prompt's counts, summing to the batch's rate
+        counts = row["per_prompt"]
+        assert len(counts["accepted"]) == 2 and counts["same_as_8bit"] == [True, True]
+        assert row["acceptance"] == pytest.approx(sum(counts["accepted"]) / sum(counts["drafted"]))
+    assert rows[0]["per_prompt"]["accepted"] == rows[0]["per_prompt"]["drafted"]
     assert all(1 <= r["tokens_per_round"] <= r["gamma"] + 1 for r in rows)
     assert rows[0]["tokens_per_round"] == 4.0  # every round: 3 drafts and the next token
     assert "| kv4+gptq-asym-16-all | 40 | 3 |" in bench.acceptance_table(rows)
@@ -152,3 +157,18 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
     assert logged == []
     with pytest.raises(SystemExit, match="--drafts: draft 'kv2'"):
         bench.main(["--configs", "llama-2-7b", "--contexts", "4096", "--drafts", "kv2"])
+
+
+def test_acceptance_results_resume(tmp_path, capsys):
+    results = tmp_path / "acceptance.jsonl"
+    args = (
+        "--configs llama-2-7b --contexts 4096 --random --drafts kv8 --gammas 2 "
+        f"--prompt-lengths 24 --new-tokens 4 --batch 2 --results {results}"
+    ).split()
+    first = bench.main(args)["acceptance"]
+    (record,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert record["draft"] == "kv8" and record["setting"]["batch"] == 2
+    assert record["per_prompt"]["accepted"] == first[0]["per_prompt"]["accepted"]
+    again = bench.main(args)["acceptance"]  # nothing left to run: the record is the row
+    assert again[0]["acceptance"] == first[0]["acceptance"]
+    assert len(results.read_text().splitlines()) == 1

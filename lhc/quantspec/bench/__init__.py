@@ -43,9 +43,10 @@ store attention); ``loading.py`` loads the model and makes the prompts.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from lhc import bench
+from lhc import bench, stats
 from lhc.quantspec import decoding
 from lhc.quantspec.bench.acceptance import (
     acceptance_rows,
@@ -119,6 +120,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gammas", type=bench.int_list, default=[4])
     parser.add_argument("--temperatures", type=bench.float_list, default=[0.0])
     parser.add_argument(
+        "--results",
+        default=None,
+        help="with --drafts: JSON lines, one per draft, length, gamma and temperature with "
+        "each prompt's accepted and drafted tokens, appended; a rerun with the same "
+        "settings skips the lengths already there",
+    )
+    parser.add_argument(
         "--calibration",
         type=bench.int_list,
         default=[16, 512],
@@ -153,22 +161,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise SystemExit(f"--filler: {error}") from None
         group = args.group_size or decoding.default_group_size(model.config)
         if args.drafts:
-            prompts = {
-                n: filler_prompts(args.batch, n, 0, tokenizer, filler) for n in args.prompt_lengths
-            }
             rows, length = args.calibration
             calibration = filler_prompts(rows, length, 1, tokenizer, filler)
-            accepted = _acceptance_rows_or_exit(
-                model,
-                params,
-                prompts,
-                args.drafts,
-                gammas=args.gammas,
-                temperatures=args.temperatures,
-                new_tokens=args.new_tokens,
-                group_size=group,
-                calibration=calibration,
-            )
+            setting = dict(
+                batch=args.batch, new_tokens=args.new_tokens, group_size=group,
+                drafts=list(args.drafts), gammas=list(args.gammas),
+                temperatures=list(args.temperatures), calibration=list(args.calibration),
+                filler=[os.path.basename(f) for f in args.filler or ()],
+            )  # fmt: skip
+            tags, accepted = {}, []
+            if args.results:
+                tags = {"model": args.checkpoint or args.workdir, **bench.provenance(args)}
+                for record in stats.read_records(args.results):
+                    if record.get("model") == tags["model"] and record["setting"] == setting:
+                        accepted.append(record)
+            done = {row["prompt"] for row in accepted}
+            for n in args.prompt_lengths:  # one length at a time: a rerun resumes
+                if n in done:
+                    continue
+                made = _acceptance_rows_or_exit(
+                    model,
+                    params,
+                    {n: filler_prompts(args.batch, n, 0, tokenizer, filler)},
+                    args.drafts,
+                    gammas=args.gammas,
+                    temperatures=args.temperatures,
+                    new_tokens=args.new_tokens,
+                    group_size=group,
+                    calibration=calibration,
+                )
+                accepted += made
+                if tags:
+                    stats.append_records(
+                        args.results, [dict(tags, setting=setting, **r) for r in made]
+                    )
             print(f"\n{args.new_tokens} new tokens, KV group {group}")
             print(acceptance_table(accepted))
             result["acceptance"] = accepted

@@ -77,7 +77,8 @@ def acceptance_rows(
 ):
     """One row per draft, prompt length, gamma and temperature: the acceptance rate and
     tokens per round over the prompts' rows, and (greedy) whether every row's output
-    equals plain decoding on the 8-bit path. ``prompts``: ``{length: int [B, length]}``."""
+    equals plain decoding on the 8-bit path; ``per_prompt``: each row's accepted and
+    drafted tokens and (greedy) that equality. ``prompts``: ``{length: int [B, length]}``."""
     # Every draft's weights first: a grid the model's layers cannot take fails before
     # any decoding.
     weights_of = {}
@@ -118,13 +119,17 @@ def acceptance_rows(
                 stop_tokens=stop_tokens,
             )
             lengths = np.asarray(out.lengths)
-            same = None
+            same, same_rows = None, None
             if temperature == 0:
                 want = plain[length]
-                same = np.array_equal(lengths, np.asarray(want.lengths)) and all(
-                    np.array_equal(np.asarray(out.tokens)[b, :n], np.asarray(want.tokens)[b, :n])
-                    for b, n in enumerate(lengths)
-                )
+                same_rows = [
+                    bool(n == m)
+                    and np.array_equal(
+                        np.asarray(out.tokens)[b, :n], np.asarray(want.tokens)[b, :n]
+                    )
+                    for b, (n, m) in enumerate(zip(lengths, np.asarray(want.lengths)))
+                ]
+                same = all(same_rows)
             rows.append(
                 dict(
                     draft=spec,
@@ -135,6 +140,12 @@ def acceptance_rows(
                     tokens_per_round=float(lengths.mean()) / max(int(out.num_iterations), 1),
                     new_tokens=int(lengths.sum()),
                     same_as_8bit=same,
+                    # Each prompt (row) alone, for intervals over prompts.
+                    per_prompt=dict(
+                        accepted=np.asarray(out.accepted).tolist(),
+                        drafted=np.asarray(out.drafted).tolist(),
+                        same_as_8bit=same_rows,
+                    ),
                 )
             )
             log(

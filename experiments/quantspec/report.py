@@ -1,0 +1,57 @@
+"""The acceptance tables of ``experiments/quantspec`` from its raw results.
+
+    lhc report experiments/quantspec [--write]
+
+Each ``results/<model>_acceptance.jsonl`` (``lhc bench quantspec --drafts ...
+--results``) holds one record per draft, prompt length, gamma and temperature with
+each prompt's accepted and drafted tokens. Per row: the acceptance (accepted over
+drafted tokens of all prompts) with a 95% bootstrap interval over the prompts, and,
+greedy, on how many prompts the output equals plain decoding on the 8-bit path (a
+difference is a near-tie rounded the other way, counted here rather than hidden).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RESAMPLES = 2000
+
+
+def render(results: dict[str, list[dict]]) -> dict[str, str]:
+    """One block per acceptance results file (``lhc report``)."""
+    return {name: table(rows) for name, rows in results.items() if name.endswith("_acceptance")}
+
+
+def _ratio_interval(accepted: np.ndarray, drafted: np.ndarray) -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    picks = rng.integers(len(accepted), size=(RESAMPLES, len(accepted)))
+    ratios = accepted[picks].sum(1) / np.maximum(drafted[picks].sum(1), 1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | KV group | draft | prompt tokens | gamma | T | prompts | acceptance "
+        "| greedy output = 8-bit decoding |",
+        "|---|---:|---|---:|---:|---:|---:|---|---|",
+    ]
+    key = lambda r: (
+        r["setting"]["group_size"],
+        r["draft"],
+        r["prompt"],
+        r["gamma"],
+        r["temperature"],
+    )  # noqa: E731
+    for row in sorted(rows, key=key):
+        accepted = np.asarray(row["per_prompt"]["accepted"], float)
+        drafted = np.asarray(row["per_prompt"]["drafted"], float)
+        low, high = _ratio_interval(accepted, drafted)
+        same = row["per_prompt"]["same_as_8bit"]
+        equal = "-" if same is None else f"{sum(same)}/{len(same)}"
+        lines.append(
+            f"| {row['model']} | {row['setting']['group_size']} | {row['draft']} "
+            f"| {row['prompt']:,} | {row['gamma']} | {row['temperature']:g} | {len(accepted)} "
+            f"| {accepted.sum() / max(drafted.sum(), 1):.3f} ({low:.3f}-{high:.3f}) | {equal} |"
+        )
+    return "\n".join(lines) + "\n"
