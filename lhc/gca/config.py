@@ -53,6 +53,15 @@ class GCAConfig(ModelConfig):
             by host memory. The landmark keys and windows stay on the device; a plain
             forward pass (no cache) is unaffected. An inference setting: parameters
             and outputs are the same either way.
+        retriever: how chunks are scored for retrieval. ``"learned"`` (the paper): each
+            group's query (the hidden state at the landmark) against the chunks'
+            landmark keys, both learned end to end through the fusion weights.
+            Ablations: ``"no_grad"``, the same scores with their gradient stopped (the
+            retriever is not trained by the language-model loss; the rest is);
+            ``"mean_pool"``, a retriever that is not learned at all: the cosine
+            similarity of chunks' mean-pooled lower-decoder outputs (the chunk that
+            closes at the query's landmark against each earlier chunk), its softmax at
+            temperature ``MEAN_POOL_TEMPERATURE``, no gradient.
         dtype: compute dtype name.
         param_dtype: storage dtype name.
     """
@@ -76,6 +85,7 @@ class GCAConfig(ModelConfig):
     tie_embeddings: bool = True
     gca_impl: str = "xla"
     offload_memory: bool = False
+    retriever: str = "learned"
     dtype: str = "float32"
     param_dtype: str = "float32"
 
@@ -92,7 +102,7 @@ class GCAConfig(ModelConfig):
         "max_len",
     )
     NON_NEGATIVE = ("lower_layers",)
-    CHOICES = {"gca_impl": GCA_IMPLS}
+    CHOICES = {"gca_impl": GCA_IMPLS, "retriever": ("learned", "no_grad", "mean_pool")}
     MULTIPLES = (("num_heads", "num_kv_heads"),)
     EVEN = ("head_dim",)  # RoPE rotates pairs
     DTYPES = ("dtype", "param_dtype")

@@ -95,6 +95,8 @@ from lhc.parallel.mesh import map_over_batch
 from lhc.parallel.offload import host_put_rows, host_take_rows
 
 _RESIDUAL_AXES = ("act_batch", "act_len", "act_emb")
+# The softmax temperature of the cosine similarities of ``retriever="mean_pool"``.
+MEAN_POOL_TEMPERATURE = 0.1
 
 
 def _norm(cfg: GCAConfig, name: str) -> RMSNorm:
@@ -278,6 +280,8 @@ def retrieve(
     *,
     top_k: int,
     noise_rng: jax.Array | None = None,
+    scale: float | None = None,
+    learned: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """Top-k retrieval of strictly earlier chunks by landmark scores.
 
@@ -290,16 +294,21 @@ def retrieve(
         top_k: slots per query.
         noise_rng: Gumbel noise ``-log(Exp(1))`` on the selection scores when given (the
             official training setting); the weights use the scores without noise.
+        scale: multiplies the dot products; default ``1 / sqrt(D)``.
+        learned: the weights pass gradients to the scores (``False``: stopped).
 
     Returns:
         ``(indices int32 [B, M, top_k], weights float32 [B, M, top_k])``: -1 and weight 0
         for slots with no visible chunk; the weights are the softmax of the selected
-        scores ``q . l_j / sqrt(D)`` (differentiable in both).
+        scores ``q . l_j * scale`` (differentiable in both when ``learned``).
     """
     num_chunks = landmark_keys.shape[1]
+    scale = queries.shape[-1] ** -0.5 if scale is None else scale
     scores = jnp.einsum(
         "BMD,BND->BMN", queries, landmark_keys, preferred_element_type=jnp.float32
-    ) * (queries.shape[-1] ** -0.5)
+    ) * jnp.float32(scale)
+    if not learned:
+        scores = jax.lax.stop_gradient(scores)
     visible = (jnp.arange(num_chunks)[None, None, :] < query_chunks[..., None]) & valid[..., None]
     selection = jnp.where(visible, scores, -jnp.inf)
     if noise_rng is not None:
@@ -564,6 +573,11 @@ class GCA(nn.Module):
             _norm(cfg, "enc_prenorm")(chunk_hidden).reshape(-1, size, cfg.embed_dim)
         ).reshape(chunk_hidden.shape)
         landmark_keys = encoded[:, :, -1]
+        if cfg.retriever == "mean_pool":  # the chunk's text tokens, pooled, unit length
+            pooled = jnp.mean(chunk_hidden[:, :, :-1].astype(jnp.float32), axis=2)
+            norm = jnp.linalg.norm(pooled, axis=-1, keepdims=True)
+            pooled = pooled / jnp.maximum(norm, 1e-6)
+            landmark_keys = jax.lax.stop_gradient(pooled).astype(landmark_keys.dtype)
 
         def chunk_projection(name):
             projected = Einsum(
@@ -610,7 +624,12 @@ class GCA(nn.Module):
         fresh = []
         layer = cfg.lower_layers
         for group, num_layers in enumerate(cfg.upper_layers):
-            queries = _norm(cfg, f"landmark_norm_{group}")(_rows_take(x, stream.landmark_entry))
+            if cfg.retriever == "mean_pool":  # the closing chunk's own pooled key
+                closing = jnp.clip(stream.chunk_ids, 0, memory_landmarks.shape[1] - 1)
+                queries, scale = _rows_take(memory_landmarks, closing), 1 / MEAN_POOL_TEMPERATURE
+            else:
+                queries = _rows_take(x, stream.landmark_entry)
+                queries, scale = _norm(cfg, f"landmark_norm_{group}")(queries), None
             rng = None if noise_rng is None else jax.random.fold_in(noise_rng, group)
             indices, weights = retrieve(
                 queries,
@@ -619,6 +638,8 @@ class GCA(nn.Module):
                 stream.chunk_valid,
                 top_k=cfg.top_k,
                 noise_rng=rng,
+                scale=scale,
+                learned=cfg.retriever == "learned",
             )
             fresh.append((indices, weights))
             table = _retrieval_table(cfg, cache, stream, group, indices, weights)
