@@ -55,6 +55,10 @@ def get_config(arg=None):
             batch_size=4,
             prefill_chunk=1024,
             output_dir="",
+            # JSON lines, one record per (length, depth) with every example's hit,
+            # labelled (the run's seed is added).
+            results="",
+            label="",
         )
     )
     if arg.size == "tiny":

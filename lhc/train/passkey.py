@@ -28,7 +28,9 @@ from which copying is learnt long before the sparse answer loss alone teaches it
 ``evaluate`` reports the loss and digit accuracy on held-out batches of the training
 length and, when ``config.passkey_eval.lengths`` is not empty, the passkey accuracy over
 ``lengths`` x ``depths``, with a markdown table and a heat map written to
-``config.passkey_eval.output_dir`` when that is set. With ``config.data.min_length`` each
+``config.passkey_eval.output_dir`` when that is set, and every example's hit appended
+to ``config.passkey_eval.results`` (JSON lines, one record per length and depth, with
+``passkey_eval.label`` and the run's seed) when that is set. With ``config.data.min_length`` each
 sequence has its own length, uniform in [``min_length``, ``length``], and is
 right-padded to ``length`` (padding weighs nothing in either loss: ``lm_weights`` marks
 the real tokens). A model trained on one length only learns where the question sits at
@@ -47,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc import plots
+from lhc import plots, stats
 from lhc.data.iterators import row_rngs, stack_rows
 from lhc.lm.decoding import prefill
 from lhc.lm.tokenizers import ByteTokenizer
@@ -196,6 +198,8 @@ class PasskeyResult:
     depths: tuple[float, ...]
     accuracy: np.ndarray
     samples: int
+    # Each cell's examples, found (True) or not: ``hits[i][j]``, empty where NaN.
+    hits: list = dataclasses.field(default_factory=list)
 
     def table(self) -> str:
         """A markdown table: one row per length, one column per depth, and the mean."""
@@ -260,6 +264,7 @@ def passkey_accuracy(
     batch_size = batch_size or samples
     max_len = getattr(model.config, "max_len", None)
     accuracy = np.full((len(lengths), len(depths)), np.nan)
+    cells = [[[] for _ in depths] for _ in lengths]
     for i, length in enumerate(lengths):
         if max_len is not None and length > max_len:
             continue
@@ -277,7 +282,9 @@ def passkey_accuracy(
                     scored = example["weights"] > 0
                     hits.append(bool(np.all(guess == example["targets"][scored])))
             accuracy[i, j] = float(np.mean(hits))
-    return PasskeyResult(tuple(lengths), tuple(float(d) for d in depths), accuracy, samples)
+            cells[i][j] = hits
+    depths = tuple(float(d) for d in depths)
+    return PasskeyResult(tuple(lengths), depths, accuracy, samples, cells)
 
 
 def answer_predictions(model, params, examples, *, prefill_chunk: int = 1024) -> np.ndarray:
@@ -413,6 +420,18 @@ class PasskeyTask(CausalLMTask):
             batch_size=settings.get("batch_size"),
         )
         metrics.update(result.metrics())
+        results = settings.get("results")
+        if results and jax.process_index() == 0:  # one record per cell, every example's hit
+            run = dict(label=settings.get("label", ""), seed=int(self.config.seed))
+            stats.append_records(
+                results,
+                [
+                    dict(run, length=length, depth=depth, hits=result.hits[i][j])
+                    for i, length in enumerate(result.lengths)
+                    for j, depth in enumerate(result.depths)
+                    if result.hits[i][j]
+                ],
+            )
         output_dir = settings.get("output_dir")
         if output_dir and jax.process_index() == 0:
             os.makedirs(output_dir, exist_ok=True)

@@ -1,6 +1,7 @@
 """configs/gca_passkey.py through the trainer: a few steps of the passkey task on GCA,
 then the length x depth evaluation writing its table and heat map (one cell)."""
 
+import json
 import os
 
 import pytest
@@ -37,11 +38,18 @@ def test_passkey_config_trains_and_evaluates_gca(tmp_path):
             "passkey_eval.batch_size=2",
             "passkey_eval.prefill_chunk=64",
             f"passkey_eval.output_dir={out}",
+            f"passkey_eval.results={out / 'passkey.jsonl'}",
+            "passkey_eval.label=gca-tiny",
+            "model.retriever=no_grad",
         ],
     )
     summary = train_and_evaluate(config, str(tmp_path / "run"))
     assert 0 <= summary["eval/accuracy"] <= 1
     assert "passkey/accuracy/192/0.5" in summary
+    # The raw record: each example's hit, whose mean is the table's accuracy.
+    (record,) = [json.loads(line) for line in (out / "passkey.jsonl").read_text().splitlines()]
+    assert record["label"] == "gca-tiny" and record["seed"] == 0 and len(record["hits"]) == 2
+    assert summary["passkey/accuracy/192/0.5"] == sum(record["hits"]) / 2
     assert os.path.getsize(out / "passkey_heatmap.png") > 0
     assert "| 192 |" in (out / "passkey_table.md").read_text()
 
