@@ -24,6 +24,7 @@ import os
 
 import numpy as np
 
+from lhc import stats
 from lhc.lm.tokenizers import ByteTokenizer
 from lhc.recurrent import bucket_means, effective_remembrance, loss_by_position, plot_curves
 from lhc.train import restore_params
@@ -48,6 +49,11 @@ def main(argv=None) -> None:
     parser.add_argument("--passkey-lengths", type=int, nargs="*", default=[])
     parser.add_argument("--samples", type=int, default=8, help="passkey keys per cell")
     parser.add_argument("--out", required=True, help="folder for the plots")
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="JSON lines: one record per workdir (its numbers and every passkey hit), appended",
+    )
     args = parser.parse_args(argv)
     tokenizer = ByteTokenizer()
     rng = np.random.default_rng(0)
@@ -58,7 +64,7 @@ def main(argv=None) -> None:
     edges = [0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, args.length - 1]
     edges = sorted({e for e in edges if e <= args.length - 1})
     starts = np.unique(np.linspace(0, args.effrem_length - 1, 16).astype(int))
-    perplexity, effrem, passkey = {}, {}, {}
+    perplexity, effrem, passkey, records = {}, {}, {}, []
     for workdir in args.workdirs:
         name = os.path.basename(os.path.normpath(workdir))
         exp, params, step = restore_params(None, workdir)
@@ -80,6 +86,15 @@ def main(argv=None) -> None:
             passkey[name] = result.accuracy.mean(axis=1)
             print(f"\n{name} (step {step}), passkey accuracy:\n\n{result.table()}")
         print(f"{name}: step {step}", flush=True)
+        records.append(
+            dict(
+                run=name, step=int(step), seed=int(exp.config.seed), length=args.length,
+                sequences=args.sequences, buckets=edges, perplexity=perplexity[name].tolist(),
+                effrem_t=starts.tolist(), effrem=np.asarray(effrem[name]).tolist(),
+                passkey_lengths=args.passkey_lengths, passkey_depths=list(DEPTHS),
+                passkey_hits=result.hits if args.passkey_lengths else [],
+            )
+        )  # fmt: skip
     buckets = [f"{lo}-{hi}" for lo, hi in zip(edges, edges[1:])]
     print("\nPerplexity by position:\n\n" + _table("positions", buckets, perplexity, ".2f"))
     print(
@@ -91,6 +106,8 @@ def main(argv=None) -> None:
             "\nPasskey accuracy (mean over depths):\n\n"
             + _table("length", args.passkey_lengths, passkey, ".2f")
         )
+    if args.results:
+        stats.append_records(args.results, records)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         lists = lambda d: {k: np.asarray(v).tolist() for k, v in d.items()}  # noqa: E731

@@ -6,8 +6,9 @@
 #   MODEL=mamba2 SEED=0 experiments/recurrent/run.sh /tmp/runs
 #
 # Environment: MODEL (mamba2 | gla), SEED, STEPS (baseline steps, 3000), POST (post-
-# training steps, 300), SAMPLES (passkey samples per length and depth, 8). Run from the
-# repository root with lhc installed.
+# training steps, 300), SAMPLES (passkey samples per length and depth, 8), RESULTS (a
+# JSON-lines file: one record per run with its curves and every passkey hit). Run from
+# the repository root with lhc installed.
 set -euo pipefail
 runs=${1:?usage: run.sh RUNS_DIR}
 model=${MODEL:-mamba2}
@@ -34,6 +35,8 @@ for init in zero noise fitted passing tbtt; do
   fi
   workdirs+=("${dir}")
 done
+results=()
+if [ -n "${RESULTS:-}" ]; then results=(--results "${RESULTS}"); fi
 python experiments/recurrent/curves.py --workdirs "${workdirs[@]}" \
   --length 25600 --passkey-lengths 256 1024 4096 25600 --samples "${samples}" \
-  --out "${runs}/${name}_curves" | tee "${runs}/${name}_curves.md"
+  --out "${runs}/${name}_curves" "${results[@]}" | tee "${runs}/${name}_curves.md"
