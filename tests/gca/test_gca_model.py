@@ -355,22 +355,22 @@ def test_bad_inputs_raise():
 
 
 def test_retriever_ablations():
-    """``no_grad``: the learned retriever's outputs with no gradient into its scores;
+    """``no_grad``: no gradient into the retriever's scores (the rest still learns);
     ``mean_pool``: chunks retrieved by the cosine similarity of their unit-length pooled
-    keys (the closing chunk's against each earlier one), brute-forced here from the
-    cache, nothing learned through it, decoding equal to the full forward pass."""
+    representations (the closing chunk's against each earlier one), brute-forced here
+    from the cache."""
     _, params, _ = _setup()
     tokens, positions = _batch()
     targets = jnp.roll(tokens, -1, axis=1)
 
-    def loss(model, params):
-        logits, _ = model.apply({"params": params}, tokens, positions)
+    def loss(params):
+        logits, _ = GCA(CONFIG.replace(retriever="no_grad")).apply(
+            {"params": params}, tokens, positions
+        )
         log_probs = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(log_probs, targets[..., None], axis=-1))
 
-    learned, no_grad = GCA(CONFIG), GCA(CONFIG.replace(retriever="no_grad"))
-    np.testing.assert_allclose(loss(no_grad, params), loss(learned, params), rtol=1e-6)
-    grads = jax.grad(functools.partial(loss, no_grad))(params)
+    grads = jax.jit(jax.grad(loss))(params)
     for group in range(CONFIG.num_groups):
         assert np.max(np.abs(grads[f"landmark_norm_{group}"]["scale"])) == 0
     assert np.max(np.abs(grads["upper_0_0"]["gca"]["query"]["kernel"])) > 0
@@ -378,15 +378,13 @@ def test_retriever_ablations():
     config = CONFIG.replace(retriever="mean_pool")
     model, pooled_params = GCA(config), init_params(config, jax.random.key(0))
     assert not any(name.startswith("landmark_norm") for name in pooled_params)
-    full, _ = model.apply({"params": pooled_params}, tokens, positions)
-    incremental, cache = _incremental(
-        jax.jit(model.apply), pooled_params, tokens, positions, model.init_cache(BATCH, 256), PIECES
+    _, cache = model.apply(
+        {"params": pooled_params}, tokens, positions, model.init_cache(BATCH, 256)
     )
-    real = _real(positions)
-    np.testing.assert_allclose(np.asarray(incremental)[real], np.asarray(full)[real], atol=2e-5)
     keys = np.asarray(cache.landmark_keys, np.float64)
     chunks = np.asarray(cache.retrieval_chunks)
     indices = np.asarray(cache.retrieval_indices)  # [B, groups, rows, top_k]
+    assert chunks.min() >= CONFIG.top_k  # every retrieval has a choice to make
     for b in range(BATCH):
         assert np.allclose(np.linalg.norm(keys[b, : chunks[b].max() + 1], axis=-1), 1, atol=1e-5)
         for row, closing in enumerate(chunks[b]):
@@ -394,5 +392,3 @@ def test_retriever_ablations():
             want = sorted(np.argsort(-cosine)[: CONFIG.top_k].tolist())
             for group in range(CONFIG.num_groups):
                 assert sorted(indices[b, group, row].tolist()) == want, (b, row, group)
-    grads = jax.grad(functools.partial(loss, model))(pooled_params)
-    assert np.max(np.abs(grads["upper_0_0"]["gca"]["query"]["kernel"])) > 0
