@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from lhc import stats
+from lhc.icl.iterative import macro_f1
 
 METHODS = ("clean", "tv", "iv")
 RESAMPLES = 2000
@@ -31,12 +32,7 @@ def _macro_f1(classes: int):
 
     def statistic(codes: np.ndarray) -> float:
         predicted, true = np.divmod(np.asarray(codes, int), classes)
-        scores = []
-        for c in range(classes):
-            tp = np.sum((predicted == c) & (true == c))
-            wrong = np.sum((predicted == c) != (true == c))
-            scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + wrong))
-        return float(np.mean(scores))
+        return macro_f1(predicted, true, classes)
 
     return statistic
 

@@ -272,9 +272,9 @@ def vectors_table(args) -> dict:
     )
     began = time.perf_counter()
     rows, done, tags = [], set(), {}
-    if args.results and not args.clean_only:
-        if not args.checkpoint:
-            raise SystemExit("--results: only with --checkpoint")
+    if args.results:
+        if not args.checkpoint or args.clean_only:
+            raise SystemExit("--results: only with --checkpoint, without --clean-only")
         tags = {"model": args.checkpoint, **bench.provenance(args)}
         for record in stats.read_records(args.results):
             if record.get("model") == args.checkpoint:
