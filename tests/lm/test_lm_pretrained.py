@@ -114,18 +114,44 @@ def test_the_checkpoint_help_names_every_model():
 
 
 def _transformers_from_gguf(path, monkeypatch):
-    """transformers' tokenizer and model of a GGUF file (float32), its GGUF reader made
-    once for both (transformers opens the file for each, and a 262,144-token vocabulary
-    takes it about 13 s to parse)."""
+    """transformers' tokenizer and model of a GGUF file (float32), faster to load than
+    ``from_pretrained`` alone and parsed by the same code: gguf's reader over a plain
+    array view of the file (its ``np.memmap`` subclass costs a ``__array_finalize__`` per
+    slice: 30 s instead of 10 for a 262,144-token vocabulary), made once for the three
+    times transformers opens the file, whose metadata transformers parses once for the
+    tokenizer and the config instead of twice."""
+    import copy
+    import functools
+
     import gguf
+    import numpy as np
     import torch
     import transformers
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     # One thread: the suite runs in two processes on two cores, and torch's second thread
     # waiting on a busy core made the reference's 32 decoding steps four times slower.
     torch.set_num_threads(1)
-    reader = gguf.GGUFReader(path)
+    with monkeypatch.context() as patch:
+        memmap = np.memmap
+        patch.setattr(
+            np, "memmap", lambda *args, **kwargs: memmap(*args, **kwargs).view(np.ndarray)
+        )
+        reader = gguf.GGUFReader(path)
     monkeypatch.setattr(gguf, "GGUFReader", lambda *args, **kwargs: reader)
+    load, metadata = gguf_utils.load_gguf_checkpoint, {}
+
+    def load_once(checkpoint, return_tensors=False, **kwargs):
+        if return_tensors:
+            return load(checkpoint, return_tensors, **kwargs)
+        if checkpoint not in metadata:
+            metadata[checkpoint] = load(checkpoint, return_tensors, **kwargs)
+        return copy.deepcopy(metadata[checkpoint])
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", load_once)
+    # transformers asks for gguf's tensor-name map once per module (313 times for Gemma 3
+    # 270M, 4 s); it depends only on the architecture and the layer count.
+    monkeypatch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
     directory, name = os.path.split(path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=name)
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -191,7 +217,9 @@ def test_gemma3_270m_matches_transformers(monkeypatch):
         {"params": ckpt.params}, jnp.asarray([prompt]), positions, logits_at=jnp.asarray([at])
     )
     np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
-    out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
+    out = lm.generate(
+        ckpt.model, ckpt.params, [prompt], max_new_tokens=32, prefill_chunk=len(prompt)
+    )
     assert np.asarray(out.tokens)[0].tolist() == greedy
 
 
@@ -220,6 +248,8 @@ def test_the_instruct_models_match_transformers(name, monkeypatch):
     positions = jnp.arange(len(prompt), dtype=jnp.int32)[None]
     logits, _ = ckpt.model.apply({"params": ckpt.params}, jnp.asarray([prompt]), positions)
     np.testing.assert_allclose(np.asarray(logits), want, atol=2e-3, rtol=0)
-    out = lm.generate(ckpt.model, ckpt.params, [prompt], max_new_tokens=32)
+    out = lm.generate(
+        ckpt.model, ckpt.params, [prompt], max_new_tokens=32, prefill_chunk=len(prompt)
+    )
     assert np.asarray(out.tokens)[0].tolist() == greedy
     assert "Paris" in ckpt.tokenizer.decode(greedy)
