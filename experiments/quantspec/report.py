@@ -18,8 +18,36 @@ RESAMPLES = 2000
 
 
 def render(results: dict[str, list[dict]]) -> dict[str, str]:
-    """One block per acceptance results file (``lhc report``)."""
-    return {name: table(rows) for name, rows in results.items() if name.endswith("_acceptance")}
+    """Two blocks per acceptance results file (``lhc report``): ``<file>`` the
+    acceptance, ``<file minus _acceptance>_memory`` the caches' sizes."""
+    blocks = {}
+    for name, rows in results.items():
+        if name.endswith("_acceptance"):
+            blocks[name] = table(rows)
+            blocks[name.removesuffix("_acceptance") + "_memory"] = memory_table(rows)
+    return blocks
+
+
+def memory_table(rows: list[dict]) -> str:
+    """Per model, KV group and prompt length: the prefilled hierarchical cache against a
+    full-precision cache of the same capacity (the model's dtype), per prompt."""
+    lines = [
+        "| model | KV group | prompt tokens | cache slots | hierarchical cache (MiB) "
+        "| full-precision cache (MiB) | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    seen = {}
+    for row in rows:
+        if "cache_bytes" in row:
+            key = (row["model"], row["setting"]["group_size"], row["prompt"])
+            batch = row["setting"]["batch"]
+            seen[key] = (row["cache_slots"], row["cache_bytes"], row["full_cache_bytes"], batch)
+    for (model, group, prompt), (slots, cache, full, batch) in sorted(seen.items()):
+        lines.append(
+            f"| {model} | {group} | {prompt:,} | {slots:,} | {cache / batch / 2**20:.1f} "
+            f"| {full / batch / 2**20:.1f} | {cache / full:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _ratio_interval(accepted: np.ndarray, drafted: np.ndarray) -> tuple[float, float]:

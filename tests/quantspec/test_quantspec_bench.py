@@ -127,6 +127,12 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
         assert row["acceptance"] == pytest.approx(sum(counts["accepted"]) / sum(counts["drafted"]))
     assert rows[0]["per_prompt"]["accepted"] == rows[0]["per_prompt"]["drafted"]
     assert all(1 <= r["tokens_per_round"] <= r["gamma"] + 1 for r in rows)
+    # Both caches hold at least the keys and values of 2 prompts x (40 + 12 new + 2 x 3
+    # + 2) slots: float32 in the full cache, 8 bits (two 4-bit halves) in the other,
+    # whose scales, minima and full-precision ring come on top.
+    config = model.config
+    values = 2 * config.num_layers * 2 * config.num_kv_heads * 60 * config.head_dim
+    assert rows[0]["full_cache_bytes"] >= 4 * values and rows[0]["cache_bytes"] > values
     assert rows[0]["tokens_per_round"] == 4.0  # every round: 3 drafts and the next token
     assert "| kv4+gptq-asym-16-all | 40 | 3 |" in bench.acceptance_table(rows)
     with pytest.raises(ValueError, match=r"draft 'kv4\+gptq-64': expected kv4 or kv8"):

@@ -7,9 +7,11 @@ draft has the target's weights)."""
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from lhc import lm
@@ -78,7 +80,10 @@ def acceptance_rows(
     """One row per draft, prompt length, gamma and temperature: the acceptance rate and
     tokens per round over the prompts' rows, and (greedy) whether every row's output
     equals plain decoding on the 8-bit path; ``per_prompt``: each row's accepted and
-    drafted tokens and (greedy) that equality. ``prompts``: ``{length: int [B, length]}``."""
+    drafted tokens and (greedy) that equality; ``cache_bytes`` / ``full_cache_bytes``:
+    ``cache_memory`` of the length's prefilled cache. ``prompts``:
+    ``{length: int [B, length]}``, each length prefilled once (all but the last token)
+    and every decoding started from a copy of that cache."""
     # Every draft's weights first: a grid the model's layers cannot take fails before
     # any decoding.
     weights_of = {}
@@ -87,17 +92,31 @@ def acceptance_rows(
             weights_of[spec] = draft_weights(model, params, parse_draft(spec), calibration)
         except ValueError as error:
             raise ValueError(f"draft {spec!r}: {error}") from None
-    plain = {
-        n: decoding.generate(
+    # Each length's prompts are prefilled once, all but their last token, into the
+    # hierarchical cache; every decoding starts from a copy of it with the last token.
+    target = decoding.quantspec_model(model, group_size=group_size)
+    caches, memory, plain = {}, {}, {}
+    for length, prompt in prompts.items():
+        capacity = length + new_tokens + 2 * max(gammas) + 2
+        caches[length] = jax.block_until_ready(
+            lm.decoding.prefilled_cache(
+                target,
+                params,
+                prompt[:, :-1],
+                extra=capacity - length + 1,
+                prefill_chunk=group_size,
+            )
+        )
+        memory[length] = cache_memory(model, caches[length])
+        plain[length] = decoding.generate(
             model,
             params,
-            p,
+            prompt[:, -1:],
             max_new_tokens=new_tokens,
             group_size=group_size,
             stop_tokens=stop_tokens,
+            cache=_copy(caches[length]),
         )
-        for n, p in prompts.items()
-    }
     rows = []
     for spec in drafts:
         draft, weights = parse_draft(spec), weights_of[spec]
@@ -108,7 +127,7 @@ def acceptance_rows(
             out = decoding.speculative_generate(
                 model,
                 params,
-                prompt,
+                prompt[:, -1:],
                 gamma=gamma,
                 max_new_tokens=new_tokens,
                 group_size=group_size,
@@ -117,6 +136,7 @@ def acceptance_rows(
                 sampling=sampling,
                 rng=jax.random.key(0) if temperature > 0 else None,
                 stop_tokens=stop_tokens,
+                target_cache=_copy(caches[length]),
             )
             lengths = np.asarray(out.lengths)
             same, same_rows = None, None
@@ -140,6 +160,7 @@ def acceptance_rows(
                     tokens_per_round=float(lengths.mean()) / max(int(out.num_iterations), 1),
                     new_tokens=int(lengths.sum()),
                     same_as_8bit=same,
+                    **memory[length],
                     # Each prompt (row) alone, for intervals over prompts.
                     per_prompt=dict(
                         accepted=np.asarray(out.accepted).tolist(),
@@ -152,6 +173,26 @@ def acceptance_rows(
                 f"{spec}: prompt {length}, gamma {gamma}, T {temperature}: acceptance {rows[-1]['acceptance']:.3f}"
             )
     return rows
+
+
+def _copy(cache):
+    return jax.tree.map(jnp.copy, cache)
+
+
+def cache_memory(model, cache) -> dict[str, int]:
+    """The slots and bytes of a prefilled hierarchical ``cache`` (every array: the 4-bit upper and
+    lower halves, scales, minima, the full-precision ring and the bookkeeping) and of a
+    full-precision cache of ``model`` with the same batch and capacity, in the model's
+    dtype."""
+    full = jax.eval_shape(lambda: model.init_cache(cache.lengths.shape[0], cache.capacity))
+    size = lambda tree: sum(  # noqa: E731
+        math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree)
+    )
+    return dict(
+        cache_slots=int(cache.capacity),
+        cache_bytes=int(size(cache)),
+        full_cache_bytes=int(size(full)),
+    )
 
 
 def acceptance_table(rows) -> str:
