@@ -82,6 +82,26 @@ class EvalResult:
         }
         return {prefix + name: float(value) for name, value in values.items()}
 
+    def records(self, **tags) -> list[dict]:
+        """One JSON-ready record per instance (``tags`` first, then ``instance``: its
+        index, and its outcome), for results files that keep what the metrics average."""
+        return [
+            dict(
+                tags,
+                method=self.method,
+                context_limit=self.context_limit,
+                instance=i,
+                correct=bool(self.correct[i]),
+                trace_rate=round(float(self.trace_rates[i]), 4),
+                exact_trace=bool(self.exact_traces[i]),
+                max_context=int(self.max_context[i]),
+                generated=int(self.generated[i]),
+                finished=bool(self.finished[i]),
+                over_limit=bool(self.over_limit[i]),
+            )
+            for i in range(len(self.correct))
+        ]
+
 
 def generate_cot(
     model: lm.Transformer,

@@ -107,6 +107,7 @@ def pencil_config(
             temperature=0.8,
             top_k=200,
             methods=(trace_format,),
+            results="",  # a JSON-lines file of every instance's outcome
         )
     )
     return config

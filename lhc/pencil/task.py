@@ -16,7 +16,9 @@ Config keys: those of ``lhc.train.causal_lm.CausalLMTask`` (``model``: the field
 * ``pencil_eval``: ``num_instances`` held-out instances solved by generation at every
   evaluation (0: none), ``batch_size``, ``max_new_tokens``, ``temperature``, ``top_k``,
   ``methods`` (a subset of ``("pencil", "cot")``; a model is evaluated with the method
-  it was trained for unless both are listed).
+  it was trained for unless both are listed), ``results`` (a JSON-lines file that each
+  evaluation appends one record per instance to, tagged with the problem size, format,
+  seed, steps and temperature; "" for none).
 
 Each row of global batch ``i`` comes from its own instance, drawn from
 ``(seed, i, row)``; a PENCIL row is one of that instance's sub-sequences, drawn with
@@ -40,6 +42,7 @@ from lhc.lm.sampling import SamplingParams
 from lhc.pencil.evaluation import METHODS, evaluate_generation
 from lhc.pencil.problems import Mixture, make_problem, tokenizer_for
 from lhc.pencil.reduction import Subsequence, subsequences
+from lhc.stats import append_records
 from lhc.train.causal_lm import CausalLMTask
 
 FORMATS = ("pencil", "cot")
@@ -137,6 +140,11 @@ class PencilTask(CausalLMTask):
             return [(f"n{size}/", problem) for size, problem in self.problem.parts]
         return [("", self.problem)]
 
+    def _size(self) -> int | None:
+        """The problem's size (its one integer parameter), None when it has several."""
+        sizes = [v for v in self.config.data.problem_params.values() if isinstance(v, int)]
+        return sizes[0] if len(sizes) == 1 else None
+
     def evaluate(self, params):
         metrics = super().evaluate(params)
         settings = self.config.get("pencil_eval")
@@ -166,4 +174,14 @@ class PencilTask(CausalLMTask):
                     batch_size=int(settings.batch_size),
                 )
                 metrics.update(result.metrics(prefix=f"eval/{method}/{part}"))
+                if settings.get("results"):
+                    tags = dict(
+                        problem=str(self.config.data.problem),
+                        size=int(part[1:-1]) if part else self._size(),
+                        format=str(self.config.data.format),
+                        seed=int(self.config.seed),
+                        steps=int(self.config.num_steps),
+                        temperature=float(settings.temperature),
+                    )
+                    append_records(str(settings.results), result.records(**tags))
         return metrics

@@ -83,13 +83,25 @@ def test_configs_train_and_evaluate_by_generation(tmp_path):
         "progress_bar=False",
         "tensorboard=False",
         "async_checkpointing=False",
+        f"pencil_eval.results={tmp_path / 'instances.jsonl'}",
     ]
     config = load_config("configs/pencil_sat.py:tiny,num_vars=3", overrides)
     metrics = train_and_evaluate(config, str(tmp_path))
+    records = [json.loads(line) for line in open(tmp_path / "instances.jsonl")]
+    assert [(r["method"], r["instance"]) for r in records] == [
+        (m, i) for m in ("pencil", "cot") for i in (0, 1)
+    ]
     for method in ("pencil", "cot"):
         assert 0 <= metrics[f"eval/{method}/accuracy"] <= 1
         assert metrics[f"eval/{method}/generated_tokens_mean"] <= 24
         assert metrics[f"eval/{method}/max_context_max"] <= 160 + 1
+        # The per-instance records average to the logged metrics.
+        mine = [r for r in records if r["method"] == method]
+        assert metrics[f"eval/{method}/accuracy"] == np.mean([r["correct"] for r in mine])
+        assert metrics[f"eval/{method}/max_context_max"] == max(r["max_context"] for r in mine)
+        assert {(r["format"], r["seed"], r["steps"], r["context_limit"]) for r in mine} == {
+            ("pencil", 0, 2, 160)
+        }
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert any("train/truncated" in row for row in rows)
     for name in ("pencil_qbf.py", "pencil_einstein.py", "pencil_sat.py"):
