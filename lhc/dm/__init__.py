@@ -5,9 +5,10 @@ Decision Mixer's routed layers with ``router=True``), the offline data layer in 
 D4RL layout (``OfflineDataset``, ``load_dataset``, ``SegmentSampler``,
 ``returns_to_go``, ``normalized_score``).
 
-Not imported here: the SAC agent (``lhc.dm.sac``) and the D4RL-style dataset recipe
-(``lhc.dm.recipe``, gymnasium from the ``dm`` extra), whose command is
-``python -m lhc.dm.behaviour``.
+Not imported here: the SAC agent (``lhc.dm.sac``), its training in an environment
+(``lhc.dm.recipe``, gymnasium from the ``dm`` extra; saved and continued by
+``lhc.dm.resume``) and the D4RL-style datasets made with it (``lhc.dm.datasets``),
+whose command is ``python -m lhc.dm.behaviour``.
 """
 
 from lhc.dm.config import DMConfig

@@ -5,7 +5,7 @@ Launch: ``python -m lhc.dm.behaviour --env Hopper-v5 --out /tmp/d4rl --sac-steps
 
 The command trains SAC once (``lhc.dm.sac``) and writes the random, medium,
 medium-replay, expert and medium-expert datasets of D4RL's recipe with
-``lhc.dm.recipe.make_d4rl_datasets``, then prints their sizes and returns.
+``lhc.dm.datasets.make_d4rl_datasets``, then prints their sizes and returns.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lhc.dm import recipe
+from lhc.dm import datasets
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
@@ -51,13 +51,20 @@ def parser() -> argparse.ArgumentParser:
     flags.add_argument("--num-snapshots", type=int, default=20)
     flags.add_argument("--eval-episodes", type=int, default=5)
     flags.add_argument("--deterministic", action="store_true", help="collect with tanh(mean)")
+    flags.add_argument(
+        "--save-every",
+        type=int,
+        default=50_000,
+        help="SAC steps between saves of the training (OUT/<env>-sac; a rerun continues "
+        "from it); 0: not saved",
+    )
     flags.add_argument("--quiet", action="store_true")
     return flags
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    summary = recipe.make_d4rl_datasets(
+    summary = datasets.make_d4rl_datasets(
         args.env,
         args.out,
         sac_steps=args.sac_steps,
@@ -68,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         eval_episodes=args.eval_episodes,
         deterministic=args.deterministic,
         verbose=not args.quiet,
+        save_every=args.save_every,
     )
     print(format_summary(summary), flush=True)
     return summary

@@ -446,3 +446,36 @@ class SegmentSampler:
             "timesteps": timesteps.astype(np.int32),
             "mask": real.astype(np.float32),
         }
+
+
+def complete_episode_returns(dataset: OfflineDataset) -> np.ndarray:
+    """Returns of the episodes that ended by a terminal or a timeout flag (``float64``);
+    a trailing episode cut off by the end of the data is left out."""
+    rewards = np.asarray(dataset.rewards, np.float64)
+    flags = dataset.terminals | dataset.timeouts
+    return np.array(
+        [rewards[start:end].sum() for start, end in dataset.episode_bounds() if flags[end - 1]]
+    )
+
+
+def concatenate_datasets(datasets: Sequence[OfflineDataset]) -> OfflineDataset:
+    """Datasets back to back. A part whose last step has no flag (an episode cut off by
+    the end of its data) gets a timeout there, so it does not merge with the next part's
+    first episode."""
+    if not datasets:
+        raise ValueError("datasets: expected at least one OfflineDataset, got none")
+    parts = []
+    for index, dataset in enumerate(datasets):
+        dataset.validate()
+        timeouts = dataset.timeouts.copy()
+        if index < len(datasets) - 1 and not (dataset.terminals[-1] or timeouts[-1]):
+            timeouts[-1] = True
+        parts.append(dataclasses.replace(dataset, timeouts=timeouts))
+    merged = OfflineDataset(
+        **{
+            field.name: np.concatenate([getattr(part, field.name) for part in parts])
+            for field in dataclasses.fields(OfflineDataset)
+        }
+    )
+    merged.validate()
+    return merged

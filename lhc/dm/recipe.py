@@ -1,8 +1,8 @@
 """D4RL-style datasets for gym locomotion, made locally with trained SAC policies.
 
 D4RL (Fu et al., 2020) made its gym locomotion datasets from one Soft Actor-Critic run
-per environment; ``make_d4rl_datasets`` repeats that recipe with gymnasium's MuJoCo
-environments (the command is ``python -m lhc.dm.behaviour``):
+per environment; ``lhc.dm.datasets.make_d4rl_datasets`` repeats that recipe with
+gymnasium's MuJoCo environments (the command is ``python -m lhc.dm.behaviour``):
 
 * **random**: uniformly random actions;
 * **expert**: the final SAC policy;
@@ -27,8 +27,6 @@ Shape letters: ``S`` observation size, ``A`` action size, ``N`` steps.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,8 +34,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from lhc.dm import resume
 from lhc.dm.config import SACConfig
-from lhc.dm.data import REF_SCORES, OfflineDataset, normalized_score, save_d4rl
+from lhc.dm.data import (
+    OfflineDataset,
+)
 from lhc.dm.sac import (
     GaussianActor,
     ReplayBuffer,
@@ -52,9 +53,6 @@ from lhc.extras import require
 
 gym = require("gymnasium", "dm")
 
-# The datasets make_d4rl_datasets writes, in the order it writes them.
-DATASET_NAMES = ("random", "medium", "medium-replay", "expert", "medium-expert")
-
 # A policy maps one observation ``[S]`` to one action ``[A]`` in the environment's units.
 Policy = Callable[[np.ndarray], np.ndarray]
 
@@ -63,7 +61,7 @@ Policy = Callable[[np.ndarray], np.ndarray]
 # Environments and policies.
 
 
-def _action_bounds(action_space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
+def action_bounds(action_space: gym.Space) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
         raise ValueError(f"action space: expected a 1-D gymnasium Box, got {action_space}")
     low = np.asarray(action_space.low, np.float64)
@@ -87,7 +85,7 @@ def random_policy(env: gym.Env | gym.spaces.Box | str, *, seed: int = 0) -> Poli
     if isinstance(env, str):
         env = gym.make(env)
     action_space = env if isinstance(env, gym.spaces.Space) else env.action_space
-    low, high = _action_bounds(action_space)
+    low, high = action_bounds(action_space)
     rng = np.random.default_rng(seed)
 
     def policy(observation: np.ndarray) -> np.ndarray:
@@ -114,7 +112,7 @@ def sac_policy(
       deterministic: True for ``tanh(mean)``; False to sample the squashed Gaussian.
       seed: of the numpy generator that draws the sampling noise.
     """
-    low, high = _action_bounds(action_space)
+    low, high = action_bounds(action_space)
     action_dim = actor_action_dim(actor_params)
     if action_dim != len(low):
         raise ValueError(
@@ -183,7 +181,7 @@ def collect(
     if noise < 0:
         raise ValueError(f"noise: expected >= 0, got {noise}")
     env = _make_env(env_id, env_kwargs)
-    low, high = _action_bounds(env.action_space)
+    low, high = action_bounds(env.action_space)
     noise_rng = np.random.default_rng(seed)
     observations, actions, rewards, terminals, timeouts = [], [], [], [], []
     observation, _ = env.reset(seed=seed)
@@ -219,16 +217,6 @@ def collect(
     )
     dataset.validate()
     return dataset
-
-
-def complete_episode_returns(dataset: OfflineDataset) -> np.ndarray:
-    """Returns of the episodes that ended by a terminal or a timeout flag (``float64``);
-    a trailing episode cut off by the end of the data is left out."""
-    rewards = np.asarray(dataset.rewards, np.float64)
-    flags = dataset.terminals | dataset.timeouts
-    return np.array(
-        [rewards[start:end].sum() for start, end in dataset.episode_bounds() if flags[end - 1]]
-    )
 
 
 def evaluate(
@@ -298,6 +286,8 @@ def train_sac(
     env_kwargs: Mapping[str, Any] | None = None,
     log_every: int = 1000,
     verbose: bool = False,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 50_000,
 ) -> tuple[SACState, dict[int, Any], ReplayBuffer, TrainLog]:
     """Trains SAC online: one environment step, then ``updates_per_step`` updates.
 
@@ -320,6 +310,11 @@ def train_sac(
       env_kwargs: passed to ``gym.make``.
       log_every: environment steps between recorded update metrics.
       verbose: print a line per ``log_every`` steps.
+      checkpoint_dir: where the run is saved (``lhc.dm.resume``) at the first episode
+        end after every ``checkpoint_every`` steps and at the end; a run saved there
+        with the same settings continues from it and ends as it would have
+        uninterrupted (a finished one returns at once). None: nothing is saved.
+      checkpoint_every: environment steps between saves.
 
     Returns:
       ``(state, snapshots, buffer, log)``: the final agent; ``{step: actor_params}`` for
@@ -330,7 +325,7 @@ def train_sac(
     config = config or SACConfig()
     started = time.perf_counter()
     env = _make_env(env_id, env_kwargs)
-    low, high = _action_bounds(env.action_space)
+    low, high = action_bounds(env.action_space)
     observation_dim = int(np.prod(env.observation_space.shape))
     action_dim = len(low)
 
@@ -347,8 +342,39 @@ def train_sac(
     observation, _ = env.reset(seed=seed)
     observation = np.asarray(observation, np.float32).reshape(-1)
     episode_return, episode_length = 0.0, 0
-    update_keys = None
-    for step in range(1, steps + 1):
+    update_keys, next_update, first_update_step, start, seconds = None, 0, None, 1, 0.0
+    settings = resume.settings(
+        env_id=env_id, steps=steps, seed=seed, config=dataclasses.asdict(config),
+        start_steps=start_steps, batch_size=batch_size, updates_per_step=updates_per_step,
+        checkpoints=sorted(checkpoints), buffer_capacity=buffer_capacity,
+        env_kwargs=dict(env_kwargs or {}),
+    )  # fmt: skip
+    saved = (
+        resume.load(checkpoint_dir, state, buffer, settings, rng, env) if checkpoint_dir else None
+    )
+    if saved is not None:
+        state, progress, reset = saved
+        snapshots, log, start = progress.snapshots, TrainLog(**progress.log), progress.step + 1
+        next_update, first_update_step = progress.next_update, progress.first_update_step
+        seconds = progress.seconds
+        if first_update_step is not None:
+            num_updates = (steps - first_update_step + 1) * updates_per_step
+            update_keys = np.asarray(jax.random.split(update_key, num_updates))
+        observation = observation if reset is None else reset
+        if verbose:
+            print(f"resumed from {checkpoint_dir} at step {progress.step}", flush=True)
+
+    def save(step: int, env_rng_state: dict | None) -> None:
+        progress = resume.Progress(
+            step=step, next_update=next_update, first_update_step=first_update_step,
+            rng_state=rng.bit_generator.state, env_rng_state=env_rng_state,
+            log=dataclasses.asdict(log), snapshots=snapshots, settings=settings,
+            seconds=seconds + time.perf_counter() - started,
+        )  # fmt: skip
+        resume.save(checkpoint_dir, state, buffer, progress)
+
+    next_save = (start // checkpoint_every + 1) * checkpoint_every
+    for step in range(start, steps + 1):
         if step <= start_steps:
             action = rng.uniform(-1.0, 1.0, action_dim).astype(np.float32)
         else:
@@ -367,12 +393,17 @@ def train_sac(
             log.episode_returns.append(episode_return)
             log.episode_lengths.append(episode_length)
             episode_return, episode_length = 0.0, 0
+            save_now = checkpoint_dir and step >= next_save and step < steps
+            env_rng_state = env.unwrapped.np_random.bit_generator.state if save_now else None
             observation, _ = env.reset()
             observation = np.asarray(observation, np.float32).reshape(-1)
+        else:
+            save_now = False
 
         if step >= start_steps and len(buffer) >= batch_size and updates_per_step > 0:
             if update_keys is None:
                 # Drawn once: per-step jax.random.split calls would cost more than the host.
+                first_update_step = step
                 num_updates = (steps - step + 1) * updates_per_step
                 update_keys = np.asarray(jax.random.split(update_key, num_updates))
                 next_update = 0
@@ -393,300 +424,11 @@ def train_sac(
                     )
         if step in checkpoint_steps:
             snapshots[step] = jax.tree.map(np.asarray, state.actor_params)
+        if save_now:
+            save(step, env_rng_state)
+            next_save = (step // checkpoint_every + 1) * checkpoint_every
+    log.wall_seconds = seconds + time.perf_counter() - started
+    if checkpoint_dir and start <= steps:
+        save(steps, None)
     env.close()
-    log.wall_seconds = time.perf_counter() - started
     return state, snapshots, buffer, log
-
-
-# ---------------------------------------------------------------------------------------
-# D4RL-style datasets.
-
-
-def buffer_dataset(
-    buffer: ReplayBuffer, num_steps: int, action_space: gym.spaces.Box
-) -> OfflineDataset:
-    """The first ``num_steps`` transitions of ``buffer`` (in order) in the D4RL layout,
-    with actions scaled to the environment's bounds."""
-    transitions = buffer.transitions()
-    if not 1 <= num_steps <= len(transitions["rewards"]):
-        raise ValueError(
-            f"num_steps: expected 1..{len(transitions['rewards'])} (the buffer's size), "
-            f"got {num_steps}"
-        )
-    low, high = _action_bounds(action_space)
-    dataset = OfflineDataset(
-        observations=transitions["observations"][:num_steps],
-        actions=scale_action(transitions["actions"][:num_steps], low, high),
-        rewards=transitions["rewards"][:num_steps],
-        terminals=transitions["dones"][:num_steps],
-        timeouts=transitions["timeouts"][:num_steps],
-    )
-    dataset.validate()
-    return dataset
-
-
-def concatenate_datasets(datasets: Sequence[OfflineDataset]) -> OfflineDataset:
-    """Datasets back to back. A part whose last step has no flag (an episode cut off by
-    the end of its data) gets a timeout there, so it does not merge with the next part's
-    first episode."""
-    if not datasets:
-        raise ValueError("datasets: expected at least one OfflineDataset, got none")
-    parts = []
-    for index, dataset in enumerate(datasets):
-        dataset.validate()
-        timeouts = dataset.timeouts.copy()
-        if index < len(datasets) - 1 and not (dataset.terminals[-1] or timeouts[-1]):
-            timeouts[-1] = True
-        parts.append(dataclasses.replace(dataset, timeouts=timeouts))
-    merged = OfflineDataset(
-        **{
-            field.name: np.concatenate([getattr(part, field.name) for part in parts])
-            for field in dataclasses.fields(OfflineDataset)
-        }
-    )
-    merged.validate()
-    return merged
-
-
-def _return_summary(env_id: str, returns: np.ndarray) -> dict[str, float]:
-    summary = {
-        "num_episodes": len(returns),
-        "return_mean": float(np.mean(returns)) if len(returns) else float("nan"),
-        "return_std": float(np.std(returns)) if len(returns) else float("nan"),
-    }
-    if env_id.split("-")[0].lower() in REF_SCORES and len(returns):
-        scores = normalized_score(env_id, returns)
-        summary["normalized_mean"] = float(np.mean(scores))
-        summary["normalized_std"] = float(np.std(scores))
-    return summary
-
-
-def make_d4rl_datasets(
-    env_id: str,
-    out_dir: str | os.PathLike,
-    *,
-    sac_steps: int,
-    dataset_steps: int,
-    seed: int = 0,
-    config: SACConfig | None = None,
-    start_steps: int = 5000,
-    batch_size: int = 256,
-    num_snapshots: int = 20,
-    eval_episodes: int = 5,
-    deterministic: bool = False,
-    verbose: bool = False,
-) -> dict[str, Any]:
-    """Trains SAC once and writes the five D4RL datasets of ``env_id``.
-
-    Files: ``{out_dir}/{env}-{name}.hdf5`` for each of ``DATASET_NAMES`` (``env`` is the
-    lower-cased family, e.g. ``hopper-medium.hdf5``) and ``{env}-returns.json``.
-
-    The rule for **medium**: the actor is snapshotted every ``sac_steps / num_snapshots``
-    steps. The random policy, the final policy and the candidate snapshots (those before
-    the last and after the first update; all before the last if there is no such one)
-    are evaluated, ``eval_episodes`` episodes each of the same policy that collects the
-    data. The chosen snapshot is the one whose mean return is closest to
-    ``R_random + (R_expert - R_random) / 3``, ties to the earlier one: a third of the
-    way from the random policy's return to the expert's. With D4RL's reference random
-    return that is a third of the expert's normalised score (for hopper, about a third
-    of its return); it stays meaningful where returns are negative (Pendulum). D4RL's
-    medium policy was SAC stopped early at about a third of the expert's performance.
-
-    **medium-replay** is the replay buffer's transitions up to the medium snapshot's
-    step; **medium-expert** is medium then expert (``concatenate_datasets``). Medium and
-    expert data are collected with actions sampled from the stochastic SAC actor
-    (``deterministic=True``: ``tanh(mean)``).
-
-    Args:
-      env_id: a gymnasium id, e.g. ``"Hopper-v5"``.
-      out_dir: created if missing.
-      sac_steps: environment steps of SAC training.
-      dataset_steps: steps of each collected dataset (random, medium, expert).
-      seed: of training; collection uses ``seed + 1``, ``+ 2``, ... per dataset.
-      config: SAC hyperparameters.
-      start_steps: random-action steps at the start of training.
-      batch_size: transitions per SAC update.
-      num_snapshots: evenly spaced actor snapshots (the last is the final policy).
-      eval_episodes: episodes per policy evaluation.
-      deterministic: collect medium and expert with ``tanh(mean)`` actions instead.
-      verbose: print training progress.
-
-    Returns:
-      The summary also written to the JSON file: per dataset its file, size and return
-      statistics (of episodes that ended by a flag), and the policy evaluations.
-    """
-    if sac_steps < 2 or num_snapshots < 2:
-        raise ValueError(
-            f"sac_steps and num_snapshots: expected >= 2 each, got {sac_steps} and {num_snapshots}"
-        )
-    if dataset_steps < 1:
-        raise ValueError(f"dataset_steps: expected >= 1, got {dataset_steps}")
-    config = config or SACConfig()
-    family = env_id.split("-")[0].lower()
-    os.makedirs(out_dir, exist_ok=True)
-    checkpoints, candidate_steps = _snapshot_steps(
-        sac_steps, num_snapshots, first_update_step=max(start_steps, batch_size)
-    )
-    state, snapshots, buffer, log = train_sac(
-        env_id,
-        sac_steps,
-        seed=seed,
-        config=config,
-        start_steps=start_steps,
-        batch_size=batch_size,
-        checkpoints=checkpoints,
-        verbose=verbose,
-    )
-    action_space = gym.make(env_id).action_space
-
-    def policy_of(actor_params, policy_seed):
-        return sac_policy(
-            actor_params, config, action_space, deterministic=deterministic, seed=policy_seed
-        )
-
-    evaluation = _evaluate_policies(
-        env_id,
-        action_space,
-        policy_of,
-        state.actor_params,
-        {step: params for step, params in snapshots.items() if step in candidate_steps},
-        eval_episodes=eval_episodes,
-        eval_seed=seed + 1000,
-    )
-    medium_step = evaluation["medium_step"]
-    datasets = _collect_datasets(
-        env_id,
-        random_policy(action_space, seed=seed + 1),
-        policy_of(snapshots[medium_step], seed + 2),
-        policy_of(state.actor_params, seed + 3),
-        buffer_dataset(buffer, medium_step, action_space),
-        dataset_steps=dataset_steps,
-        seed=seed,
-    )
-    summary: dict[str, Any] = {
-        "env": env_id,
-        "seed": seed,
-        "sac_steps": sac_steps,
-        "dataset_steps": dataset_steps,
-        "config": dataclasses.asdict(config),
-        "training_wall_seconds": log.wall_seconds,
-        "evaluation": evaluation,
-        "datasets": _save_datasets(env_id, out_dir, datasets),
-    }
-    with open(os.path.join(os.fspath(out_dir), f"{family}-returns.json"), "w") as handle:
-        json.dump(summary, handle, indent=1)
-    return summary
-
-
-def _snapshot_steps(
-    sac_steps: int, num_snapshots: int, *, first_update_step: int
-) -> tuple[list[int], set[int]]:
-    """The steps at which ``make_d4rl_datasets`` snapshots the actor, and those of the
-    snapshots that may become medium (after the first update, ``first_update_step``,
-    and before the last step)."""
-    checkpoints = sorted(
-        {max(1, round(sac_steps * (i + 1) / num_snapshots)) for i in range(num_snapshots)}
-    )
-    # Snapshots taken before any update hold the initial actor: not a trained policy.
-    trained_steps = [step for step in checkpoints if step > first_update_step]
-    return checkpoints, set(trained_steps or checkpoints[:-1]) - {sac_steps}
-
-
-def _collect_datasets(
-    env_id: str,
-    random: Policy,
-    medium: Policy,
-    expert: Policy,
-    medium_replay: OfflineDataset,
-    *,
-    dataset_steps: int,
-    seed: int,
-) -> dict[str, OfflineDataset]:
-    """The five datasets: random, medium and expert collected with the seeds ``seed + 1``,
-    ``+ 2`` and ``+ 3`` (those of their policies), medium-expert their concatenation."""
-    datasets = {
-        "random": collect(env_id, random, num_steps=dataset_steps, seed=seed + 1),
-        "medium": collect(env_id, medium, num_steps=dataset_steps, seed=seed + 2),
-        "medium-replay": medium_replay,
-        "expert": collect(env_id, expert, num_steps=dataset_steps, seed=seed + 3),
-    }
-    datasets["medium-expert"] = concatenate_datasets([datasets["medium"], datasets["expert"]])
-    return datasets
-
-
-def _evaluate_policies(
-    env_id: str,
-    action_space: gym.spaces.Box,
-    policy_of: Callable[[Any, int], Policy],
-    expert_params: Any,
-    candidates: Mapping[int, Any],
-    *,
-    eval_episodes: int,
-    eval_seed: int,
-) -> dict[str, Any]:
-    """Evaluates the random policy, the expert and the ``{step: actor_params}``
-    candidates, and chooses the medium snapshot (the rule of ``make_d4rl_datasets``).
-
-    Returns:
-      The summary's ``evaluation``: return statistics of random and expert, each
-      candidate's mean return, ``medium_target`` and ``medium_step``.
-    """
-    random_returns = evaluate(
-        env_id,
-        random_policy(action_space, seed=eval_seed),
-        num_episodes=eval_episodes,
-        seed=eval_seed,
-    )
-    expert_returns = evaluate(
-        env_id, policy_of(expert_params, eval_seed), num_episodes=eval_episodes, seed=eval_seed
-    )
-    snapshot_returns = {
-        step: float(
-            np.mean(
-                evaluate(
-                    env_id, policy_of(params, eval_seed), num_episodes=eval_episodes, seed=eval_seed
-                )
-            )
-        )
-        for step, params in candidates.items()
-    }
-    random_mean, expert_mean = float(np.mean(random_returns)), float(np.mean(expert_returns))
-    medium_target = random_mean + (expert_mean - random_mean) / 3.0
-    medium_step = min(
-        snapshot_returns, key=lambda step: (abs(snapshot_returns[step] - medium_target), step)
-    )
-    return {
-        "episodes": eval_episodes,
-        "random": _return_summary(env_id, random_returns),
-        "expert": _return_summary(env_id, expert_returns),
-        "snapshots": {str(step): value for step, value in sorted(snapshot_returns.items())},
-        "medium_target": medium_target,
-        "medium_step": medium_step,
-    }
-
-
-def _save_datasets(
-    env_id: str, out_dir: str | os.PathLike, datasets: Mapping[str, OfflineDataset]
-) -> dict[str, Any]:
-    """Writes ``{out_dir}/{env}-{name}.hdf5`` for each of ``DATASET_NAMES``.
-
-    Returns:
-      The summary's ``datasets``: per name its file, size and return statistics (of the
-      episodes that ended by a flag).
-    """
-    family = env_id.split("-")[0].lower()
-    episode_returns = {name: complete_episode_returns(data) for name, data in datasets.items()}
-    # The medium part's cut-off tail is flagged when concatenated; keep it out as before.
-    episode_returns["medium-expert"] = np.concatenate(
-        [episode_returns["medium"], episode_returns["expert"]]
-    )
-    saved = {}
-    for name in DATASET_NAMES:
-        path = os.path.join(os.fspath(out_dir), f"{family}-{name}.hdf5")
-        save_d4rl(path, datasets[name])
-        saved[name] = {
-            "file": path,
-            "num_steps": len(datasets[name].rewards),
-            **_return_summary(env_id, episode_returns[name]),
-        }
-    return saved

@@ -4,8 +4,8 @@ The agent is SAC as in Haarnoja et al. (2018, "Soft Actor-Critic Algorithms and
 Applications", the v2 with a learned temperature): twin Q critics with Polyak-averaged
 targets, a tanh-squashed Gaussian actor, the temperature ``alpha`` tuned towards the
 target entropy ``-A``. The agent works in ``[-1, 1]^A``; ``scale_action`` maps to the
-environment's bounds. Training it in an environment (``train_sac``) and the datasets
-made with it are in ``lhc.dm.recipe``.
+environment's bounds. Training it in an environment is ``lhc.dm.recipe.train_sac``;
+the datasets made with it are in ``lhc.dm.datasets``.
 
 Bootstrapping: a transition is ``done`` only when the environment *terminated* (the
 agent fell); a time-limit truncation still bootstraps from the next observation, and the
@@ -346,6 +346,9 @@ def sac_update(
 # Replay buffer.
 
 
+_STORED = ("observations", "actions", "rewards", "next_observations", "dones", "timeouts")
+
+
 class ReplayBuffer:
     """A fixed-capacity circular buffer of transitions (numpy, on the host).
 
@@ -390,6 +393,21 @@ class ReplayBuffer:
         self.timeouts[index] = truncated and not terminated
         self._next_index = (index + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The filled rows as stored (not reordered) and ``next_index``: what
+        ``load_state_dict`` needs to continue exactly where this buffer is."""
+        rows = {name: getattr(self, name)[: self._size] for name in _STORED}
+        return {**rows, "next_index": np.asarray(self._next_index)}
+
+    def load_state_dict(self, saved: dict[str, np.ndarray]) -> None:
+        """Restores a ``state_dict`` of a buffer with this capacity and sizes."""
+        size = len(saved["rewards"])
+        if size > self.capacity:
+            raise ValueError(f"load_state_dict: expected at most {self.capacity} rows, got {size}")
+        for name in _STORED:
+            getattr(self, name)[:size] = saved[name]
+        self._size, self._next_index = size, int(saved["next_index"])
 
     def sample(self, rng: np.random.Generator, batch_size: int) -> dict[str, np.ndarray]:
         """``batch_size`` transitions drawn uniformly with replacement.

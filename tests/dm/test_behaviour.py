@@ -15,16 +15,9 @@ import pytest
 from scipy.stats import norm
 
 from lhc.dm.config import SACConfig
-from lhc.dm.data import load_d4rl
-from lhc.dm.recipe import (
-    DATASET_NAMES,
-    collect,
-    complete_episode_returns,
-    concatenate_datasets,
-    make_d4rl_datasets,
-    random_policy,
-    train_sac,
-)
+from lhc.dm.data import complete_episode_returns, concatenate_datasets, load_d4rl
+from lhc.dm.datasets import DATASET_NAMES, make_d4rl_datasets
+from lhc.dm.recipe import collect, random_policy, train_sac
 from lhc.dm.sac import (
     ReplayBuffer,
     create_sac_state,
@@ -279,6 +272,58 @@ def test_train_sac_pendulum_returns_requested_snapshots():
     assert log.episode_end_steps == [100, 200, 300]
     assert [step for step, _ in log.metrics] == [100, 200, 300]
     assert np.abs(transitions["actions"]).max() <= 1.0
+
+
+def test_a_stopped_sac_run_continues_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    """Stopped by an error after its first save (at the first episode end after step
+    120: Pendulum's episodes end every 100 steps), the run continues from the save and
+    ends with the uninterrupted run's agent, buffer, snapshots and log; run again
+    finished, it returns at once. A buffer smaller than the run (it wraps) resumes in
+    place too."""
+    from lhc.dm import recipe
+
+    settings = dict(
+        seed=1, config=TINY, start_steps=60, batch_size=32, checkpoints=(150, 350),
+        env_kwargs={"max_episode_steps": 100}, log_every=50, buffer_capacity=250,
+    )  # fmt: skip
+    want = train_sac("Pendulum-v1", 350, **settings)
+    make_env, steps_taken, stop_at = recipe._make_env, [], [260]
+
+    def counting_env(*args):
+        env = make_env(*args)
+        step = env.step
+
+        def counted(action):
+            steps_taken.append(1)
+            if len(steps_taken) in stop_at:
+                raise KeyboardInterrupt
+            return step(action)
+
+        env.step = counted
+        return env
+
+    monkeypatch.setattr(recipe, "_make_env", counting_env)
+    folder = str(tmp_path / "sac")
+    with pytest.raises(KeyboardInterrupt):
+        train_sac("Pendulum-v1", 350, checkpoint_dir=folder, checkpoint_every=120, **settings)
+    # The first attempt stopped in its 260th step, after its save at step 200 (the first
+    # episode end after 120); the second makes the 150 steps left.
+    steps_taken.clear()
+    stop_at.clear()
+    got = train_sac("Pendulum-v1", 350, checkpoint_dir=folder, checkpoint_every=120, **settings)
+    assert len(steps_taken) == 150 and got[3].wall_seconds > 0
+    for tree_want, tree_got in zip(want[:2], got[:2]):
+        for a, b in zip(jax.tree.leaves(tree_want), jax.tree.leaves(tree_got), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(want[2].observations, got[2].observations)
+    np.testing.assert_array_equal(want[2].transitions()["rewards"], got[2].transitions()["rewards"])
+    for field in ("episode_end_steps", "episode_returns", "episode_lengths", "metrics"):
+        assert getattr(want[3], field) == getattr(got[3], field), field
+    again = train_sac("Pendulum-v1", 350, checkpoint_dir=folder, checkpoint_every=120, **settings)
+    assert len(steps_taken) == 150  # finished: no step made
+    np.testing.assert_array_equal(np.asarray(again[0].log_alpha), np.asarray(want[0].log_alpha))
+    with pytest.raises(ValueError, match=r"checkpoint_dir: .* other settings \(seed\)"):
+        train_sac("Pendulum-v1", 350, checkpoint_dir=folder, **dict(settings, seed=2))
 
 
 def test_concatenate_flags_a_cut_off_tail():
