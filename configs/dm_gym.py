@@ -15,7 +15,8 @@ at this scale; ``layers``, ``width``, ``heads``, ``context``, ``steps``, ``lr`` 
 ``batch`` override them. Rollouts every ``eval_every`` steps: ``episodes`` episodes
 conditioned on ``target`` (default: the Decision Mixer's hopper 3600, halfcheetah 12000,
 walker2d 5000; 0 otherwise, e.g. Pendulum's best possible return), returns scaled by
-1000. Add ``runlocal`` for a smoke test.
+1000; ``results=FILE`` appends each rollout evaluation (every episode's return) to a
+JSON-lines file. Add ``runlocal`` for a smoke test.
 """
 
 import ml_collections
@@ -51,6 +52,7 @@ def get_config(arg=None):
         eval_every=2000,
         seed=0,
         runlocal=False,
+        results="",
     )
     if arg.model not in MODELS:
         raise ValueError(f"model: expected one of {sorted(MODELS)}, got {arg.model!r}")
@@ -70,6 +72,7 @@ def get_config(arg=None):
             rtg_scale=float(arg.rtg_scale),
             max_ep_len=1000,
             eval_episodes=1 if arg.runlocal else int(arg.episodes),
+            results=str(arg.results),
         )
     )
     model = dict(router=False, aux=True, fixed_capacity=None) | MODELS[arg.model]

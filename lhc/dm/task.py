@@ -14,7 +14,8 @@ selected).
 
 Config keys: ``data`` (``path``: a D4RL HDF5 or npz file; ``env``: gymnasium id for
 rollouts, empty for none; ``target_return``, ``rtg_scale``, ``max_ep_len``,
-``eval_episodes``), ``model`` (``DMConfig`` fields except the state and action sizes,
+``eval_episodes``; ``results``: a JSON-lines file each rollout evaluation appends a
+record to, with every episode's return and normalised score), ``model`` (``DMConfig`` fields except the state and action sizes,
 which come from the data, plus ``aux``: select with the auxiliary predictor at
 inference; False is the "no auxiliary predictor" ablation, which selects by top-k over
 the window at inference too), ``batch_size``, ``seed``.
@@ -23,6 +24,7 @@ the window at inference too), ``batch_size``, ``seed``.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +34,9 @@ from lhc.dm import rollout as rollout_lib
 from lhc.dm.config import DMConfig
 from lhc.dm.data import REF_SCORES, SegmentSampler, load_dataset, normalized_score
 from lhc.dm.model import DecisionModel, aux_loss, flops_per_action
+from lhc.dm.report import model_name
 from lhc.extras import require
+from lhc.stats import append_records
 from lhc.train.tasks import Task
 
 gym = require("gymnasium", "dm")
@@ -174,6 +178,7 @@ class DecisionTask(Task):
         if results[0]["selected"]:
             selected = np.mean([r["selected"] for r in results], axis=0)
         metrics = {
+            "returns": returns,
             "eval/return_mean": float(returns.mean()),
             "eval/return_std": float(returns.std()),
             "eval/length_mean": float(np.mean([r["length"] for r in results])),
@@ -195,5 +200,30 @@ class DecisionTask(Task):
         result = {"eval/action_mse": float(metrics["action_mse"])}
         episodes = int(self.config.data.get("eval_episodes", 0))
         if str(self.config.data.get("env", "")) and episodes > 0:
-            result.update(self.rollouts(params, episodes, float(self.config.data.target_return)))
+            rollouts = self.rollouts(params, episodes, float(self.config.data.target_return))
+            returns = rollouts.pop("returns")
+            result.update(rollouts)
+            if self.config.data.get("results"):
+                self._record(result, returns)
         return result
+
+    def _record(self, metrics: dict, returns: np.ndarray) -> None:
+        """Appends this evaluation (every episode's return) to ``data.results``."""
+        data = self.config.data
+        family = str(data.env).split("-")[0].lower()
+        record = dict(
+            env=str(data.env),
+            dataset=os.path.splitext(os.path.basename(str(data.path)))[0],
+            model=model_name(self.config.model),
+            seed=int(self.config.seed),
+            steps=int(self.config.num_steps),
+            target_return=float(data.target_return),
+            returns=[round(float(r), 2) for r in returns],
+            normalized=(
+                [round(float(s), 3) for s in normalized_score(family, returns)]
+                if family in REF_SCORES
+                else None
+            ),
+            **{k.removeprefix("eval/"): v for k, v in metrics.items()},
+        )
+        append_records(str(data.results), [record])

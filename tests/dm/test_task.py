@@ -1,5 +1,8 @@
 """Rollouts (return-to-go bookkeeping, windows) and the ``lhc train`` task of lhc.dm."""
 
+import json
+import os
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -84,13 +87,25 @@ def _dataset(tmp_path, scale=2.0):
 @pytest.mark.parametrize("model", ["dt", "dm"])
 def test_training_and_rollouts_end_to_end(tmp_path, model):
     path = _dataset(tmp_path)
+    results = tmp_path / "results.jsonl"
     config = load_config(
-        f"configs/dm_gym.py:data={path},env=Pendulum-v1,model={model},runlocal=True"
+        f"configs/dm_gym.py:data={path},env=Pendulum-v1,model={model},runlocal=True,"
+        f"results={results}"
     )
     config.progress_bar = False
     config.tensorboard = False
     summary = train_and_evaluate(config, str(tmp_path / model))
     assert summary["eval/length_mean"] == 200  # Pendulum's time limit
+    (record,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert (record["model"], record["seed"], record["steps"], record["env"]) == (
+        model,
+        0,
+        4,
+        "Pendulum-v1",
+    )
+    assert record["dataset"] == os.path.splitext(os.path.basename(path))[0]
+    assert record["returns"] == [pytest.approx(summary["eval/return_mean"], abs=0.01)]
+    assert record["normalized"] is None  # no D4RL reference returns for Pendulum
     assert np.isfinite(summary["eval/return_mean"]) and np.isfinite(summary["eval/action_mse"])
     if model == "dm":
         assert 0 <= summary["eval/selected_tokens_0"] <= 12 and "train/aux_loss" in summary
