@@ -4,7 +4,8 @@ Result files are JSON lines, one record per test, appended as each test finishes
 an interrupted sweep resumes where it stopped (``read_records`` / ``append_records``).
 Tables of results are markdown (``markdown_table``), an accuracy given with its
 ``wilson_interval``, two methods scored on the same items compared by the exact paired
-test on the items where they disagree (``mcnemar``). Any other statistic gets a
+test on the items where they disagree (``mcnemar``); samples against a known
+distribution by ``chi_square_fit``. Any other statistic gets a
 percentile ``bootstrap_interval``, and a difference between two methods on the same items a
 ``paired_bootstrap`` interval and p-value; both resample whole groups when items are not
 independent (one question-needle pair tested at several depths).
@@ -109,6 +110,83 @@ def mcnemar(first: Sequence[bool], second: Sequence[bool]) -> dict[str, float]:
         "only_second": only_second,
         "p_value": p_value,
     }
+
+
+def chi_square_fit(observed: ArrayLike, expected: ArrayLike, *, min_expected: float = 5.0) -> dict:
+    """Pearson's chi-square test that ``observed`` counts were drawn from the
+    distribution ``expected`` (counts or probabilities; scaled to the observed total).
+    Cells expected fewer than ``min_expected`` times are pooled into one (dropped if
+    the pool is still below it), the usual condition for the chi-square approximation.
+
+    Returns:
+        ``statistic``, ``dof`` (cells kept less one), ``p_value`` (the chi-square
+        distribution's upper tail) and ``cells``.
+
+    Raises:
+        ValueError: different shapes, negative values, or fewer than two cells left.
+    """
+    observed = np.asarray(observed, np.float64).reshape(-1)
+    expected = np.asarray(expected, np.float64).reshape(-1)
+    if observed.shape != expected.shape or (observed < 0).any() or (expected < 0).any():
+        raise ValueError(
+            f"chi_square_fit: expected two non-negative arrays of one shape, got "
+            f"{observed.shape} and {expected.shape}"
+        )
+    expected = expected * observed.sum() / expected.sum()
+    big = expected >= min_expected
+    observed_cells, expected_cells = list(observed[big]), list(expected[big])
+    if (~big).any() and expected[~big].sum() >= max(min_expected, 1e-12):
+        observed_cells.append(observed[~big].sum())
+        expected_cells.append(expected[~big].sum())
+    if len(observed_cells) < 2:
+        raise ValueError(
+            f"chi_square_fit: fewer than two cells expected >= {min_expected} times "
+            f"({observed.sum():g} observations)"
+        )
+    o, e = np.array(observed_cells), np.array(expected_cells)
+    e = e * o.sum() / e.sum()  # the kept cells' totals agree
+    statistic = float(((o - e) ** 2 / e).sum())
+    dof = len(o) - 1
+    return {
+        "statistic": statistic,
+        "dof": dof,
+        "p_value": _chi_square_upper_tail(statistic, dof),
+        "cells": len(o),
+    }
+
+
+def _chi_square_upper_tail(x: float, dof: int) -> float:
+    """P(X >= x) for X chi-square with ``dof`` degrees of freedom: the regularized upper
+    incomplete gamma function Q(dof / 2, x / 2), by its series (x < a + 1) or its
+    continued fraction (Numerical Recipes' gser / gcf)."""
+    a, x = dof / 2.0, x / 2.0
+    if x <= 0:
+        return 1.0
+    log_prefix = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-15:
+            n += 1
+            term *= x / n
+            total += term
+        return float(max(0.0, 1.0 - total * math.exp(log_prefix)))
+    tiny = 1e-300
+    b, c, d = x + 1 - a, 1 / tiny, 1 / (x + 1 - a)
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        step = d * c
+        h *= step
+        if abs(step - 1) < 1e-15:
+            break
+    return float(math.exp(log_prefix) * h)
 
 
 # Bootstrap -----------------------------------------------------------------------------

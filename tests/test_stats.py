@@ -209,3 +209,32 @@ def test_markdown_table_formats_and_aligns():
         "| a | 1.50x | 25% | 1,200 |  |",
         "| b | 0.33x |  | 7 | True |",
     ]
+
+
+@pytest.mark.parametrize("dof", [1, 3, 10, 60])
+def test_chi_square_fit_matches_scipy(dof):
+    rng = np.random.default_rng(dof)
+    probabilities = rng.dirichlet(np.ones(dof + 1))
+    observed = rng.multinomial(5000, probabilities)
+    from scipy.stats import chisquare
+
+    got = stats.chi_square_fit(observed, probabilities, min_expected=0)
+    want = chisquare(observed, probabilities * 5000)
+    assert got["dof"] == dof and got["cells"] == dof + 1
+    assert got["statistic"] == pytest.approx(want.statistic, rel=1e-12)
+    assert got["p_value"] == pytest.approx(want.pvalue, rel=1e-9, abs=1e-300)
+    # Far from the distribution: a tiny p-value, as scipy's.
+    shifted = stats.chi_square_fit(observed, np.roll(probabilities, 1), min_expected=0)
+    want = chisquare(observed, np.roll(probabilities, 1) * 5000)
+    assert shifted["p_value"] == pytest.approx(want.pvalue, rel=1e-6, abs=1e-300)
+
+
+def test_chi_square_fit_pools_rare_cells():
+    from scipy.stats import chisquare
+
+    # The cells expected 3 and 4 times pool into one expected 7 times.
+    got = stats.chi_square_fit([50, 40, 1, 4, 5], [50, 38, 3, 4, 5])
+    want = chisquare([50, 40, 5, 5], [50, 38, 5, 7])
+    assert got["cells"] == 4 and got["p_value"] == pytest.approx(want.pvalue, rel=1e-9)
+    with pytest.raises(ValueError, match="fewer than two cells"):
+        stats.chi_square_fit([3, 1], [3, 1])

@@ -7,7 +7,9 @@ Each ``results/<model>_acceptance.jsonl`` (``lhc bench quantspec --drafts ...
 each prompt's accepted and drafted tokens. Per row: the acceptance (accepted over
 drafted tokens of all prompts) with a 95% bootstrap interval over the prompts, and,
 greedy, on how many prompts the output equals plain decoding on the 8-bit path (a
-difference is a near-tie rounded the other way, counted here rather than hidden).
+difference is a near-tie rounded the other way, counted here rather than hidden);
+sampled, the p-value of Pearson's test of the speculative samples of the first two
+tokens against the target's exact distribution (``--sampled-check``).
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ def _ratio_interval(accepted: np.ndarray, drafted: np.ndarray) -> tuple[float, f
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | KV group | draft | prompt tokens | gamma | T | prompts | acceptance "
-        "| greedy output = 8-bit decoding |",
-        "|---|---:|---|---:|---:|---:|---:|---|---|",
+        "| greedy output = 8-bit decoding | sampled: chi-square p (samples) |",
+        "|---|---:|---|---:|---:|---:|---:|---|---|---|",
     ]
     key = lambda r: (
         r["setting"]["group_size"],
@@ -77,9 +79,12 @@ def table(rows: list[dict]) -> str:
         low, high = _ratio_interval(accepted, drafted)
         same = row["per_prompt"]["same_as_8bit"]
         equal = "-" if same is None else f"{sum(same)}/{len(same)}"
+        check = row.get("sampled")
+        sampled = "-" if not check else f"{check['p_value']:.3g} ({check['samples']:,})"
         lines.append(
             f"| {row['model']} | {row['setting']['group_size']} | {row['draft']} "
             f"| {row['prompt']:,} | {row['gamma']} | {row['temperature']:g} | {len(accepted)} "
-            f"| {accepted.sum() / max(drafted.sum(), 1):.3f} ({low:.3f}-{high:.3f}) | {equal} |"
+            f"| {accepted.sum() / max(drafted.sum(), 1):.3f} ({low:.3f}-{high:.3f}) | {equal} "
+            f"| {sampled} |"
         )
     return "\n".join(lines) + "\n"

@@ -7,7 +7,9 @@
 #   experiments/quantspec/run_real.sh qwen      # Qwen2.5-Coder-0.5B-Instruct at 8K, 16K, 32K
 #   lhc report experiments/quantspec            # the tables
 # Drafts: the 4-bit KV alone, and with INT4 MLP weights (asymmetric groups of 32) by
-# round-to-nearest and by GPTQ; gamma 1, 2, 4, 6; greedy and T = 0.7; 64 new tokens.
+# round-to-nearest and by GPTQ; gamma 1, 2, 4, 6; greedy and T = 0.7; 64 new tokens;
+# at T = 0.7, 2,000 speculative samples of the first two tokens after each length's first
+# 512 prompt tokens tested against the target's exact distribution.
 # Then the 4-bit KV alone at gamma 4 with KV groups of 16 and 32 (the full-precision
 # buffer holds G to 2G - 1 recent tokens, so G sets both of the paper's knobs).
 set -euo pipefail
@@ -28,7 +30,7 @@ run() {
     --results "$HERE/results/${WHICH}_acceptance.jsonl" "$@" | tee -a "$WORK/acceptance.txt"
 }
 run --prompt-lengths "$LENGTHS" --drafts kv4,kv4+rtn-asym-32,kv4+gptq-asym-32 \
-  --gammas 1,2,4,6 --temperatures 0,0.7
+  --gammas 1,2,4,6 --temperatures 0,0.7 --sampled-check 2000
 for group in 16 32; do
   run --prompt-lengths "$ABLATE" --drafts kv4 --gammas 4 --temperatures 0,0.7 --group-size "$group"
 done

@@ -5,10 +5,11 @@ import json
 import pathlib
 
 import jax
+import numpy as np
 import pytest
 
 from lhc import lm, quantspec
-from lhc.quantspec import bench
+from lhc.quantspec import bench, decoding
 from lhc.train.config import load_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
@@ -163,6 +164,35 @@ def test_draft_acceptance_rows_on_a_tiny_model(capsys, monkeypatch):
     assert logged == []
     with pytest.raises(SystemExit, match="--drafts: draft 'kv2'"):
         bench.main(["--configs", "llama-2-7b", "--contexts", "4096", "--drafts", "kv2"])
+
+
+def test_sampled_rows_follow_the_target_distribution():
+    """The sampled check: 2,000 speculative samples of the first two tokens against the
+    target's exact distribution (pairs enumerated from its 16 likeliest first tokens)
+    pass Pearson's test, while the same samples against the distribution at another
+    temperature fail it: the check can tell."""
+    model, params = _tiny()
+    prompts = {40: bench.filler_prompts(1, 40)}
+    draft = "kv4+rtn-asym-16-all"  # far enough from the target to be rejected often
+    (row,) = bench.acceptance_rows(
+        model, params, prompts, [draft], gammas=[3], temperatures=[0.3], new_tokens=4,
+        group_size=16, log=lambda m: None, sampled=2000, sampled_batch=2000, sampled_top=16,
+    )  # fmt: skip
+    check = row["sampled"]
+    assert check["samples"] == 2000 and check["prefix"] == 40 and check["cells"] > 20
+    assert check["p_value"] > 1e-3 and check["acceptance"] < 0.9
+    target = decoding.quantspec_model(model, group_size=16)
+    prefix = np.asarray(prompts[40])[0]
+    cache = lm.decoding.prefilled_cache(
+        target, params, prefix[None, :-1], extra=11, prefill_chunk=16
+    )
+    wrong = bench.acceptance.exact_two_tokens(target, params, cache, int(prefix[-1]), 0.4, 16)
+    other = bench.acceptance.sampled_check(
+        model, params, cache, int(prefix[-1]), wrong, samples=2000, batch=2000, seed=3,
+        gamma=3, group_size=16, sampling=lm.SamplingParams(temperature=0.3),
+        draft_params=bench.draft_weights(model, params, bench.parse_draft(draft), None),
+    )  # fmt: skip
+    assert other["p_value"] < 1e-6
 
 
 def test_acceptance_results_resume(tmp_path, capsys):

@@ -127,6 +127,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "settings skips the lengths already there",
     )
     parser.add_argument(
+        "--sampled-check",
+        type=int,
+        default=0,
+        help="with --drafts and a temperature > 0: that many speculative samples of the "
+        "first two tokens after each length's first 512 prompt tokens, tested against the "
+        "target's exact distribution (Pearson's chi-square)",
+    )
+    parser.add_argument(
         "--calibration",
         type=bench.int_list,
         default=[16, 512],
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 drafts=list(args.drafts), gammas=list(args.gammas),
                 temperatures=list(args.temperatures), calibration=list(args.calibration),
                 filler=[os.path.basename(f) for f in args.filler or ()],
+                **({"sampled": args.sampled_check} if args.sampled_check else {}),
             )  # fmt: skip
             tags, accepted = {}, []
             if args.results:
@@ -189,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     new_tokens=args.new_tokens,
                     group_size=group,
                     calibration=calibration,
+                    sampled=args.sampled_check,
                 )
                 accepted += made
                 if tags:

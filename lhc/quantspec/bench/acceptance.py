@@ -6,6 +6,7 @@ draft has the target's weights)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lhc import lm
+from lhc import lm, stats
 from lhc.quantspec import decoding
 from lhc.quantspec.gptq import calibrate
 from lhc.quantspec.weights import quantize_params
@@ -76,6 +77,10 @@ def acceptance_rows(
     calibration=None,
     stop_tokens=(),
     log=print,
+    sampled: int = 0,
+    sampled_prefix: int = 512,
+    sampled_batch: int = 250,
+    sampled_top: int = 64,
 ):
     """One row per draft, prompt length, gamma and temperature: the acceptance rate and
     tokens per round over the prompts' rows, and (greedy) whether every row's output
@@ -83,7 +88,10 @@ def acceptance_rows(
     drafted tokens and (greedy) that equality; ``cache_bytes`` / ``full_cache_bytes``:
     ``cache_memory`` of the length's prefilled cache. ``prompts``:
     ``{length: int [B, length]}``, each length prefilled once (all but the last token)
-    and every decoding started from a copy of that cache."""
+    and every decoding started from a copy of that cache. ``sampled`` > 0: each sampled
+    row also holds ``sampled_check`` of that many samples of the first two tokens after
+    the first prompt's first ``sampled_prefix`` tokens (the ``sampled_top`` likeliest
+    first tokens apart, the rest one cell), ``sampled_batch`` rows at a time."""
     # Every draft's weights first: a grid the model's layers cannot take fails before
     # any decoding.
     weights_of = {}
@@ -117,6 +125,24 @@ def acceptance_rows(
             stop_tokens=stop_tokens,
             cache=_copy(caches[length]),
         )
+    # The sampled check: on the first prompt's first ``sampled_prefix`` tokens, the exact
+    # distribution of the next two tokens at each temperature.
+    checked = {}
+    for length, prompt in prompts.items() if sampled else ():
+        prefix = np.asarray(prompt)[0, : min(length, sampled_prefix)]
+        cache = lm.decoding.prefilled_cache(
+            target,
+            params,
+            prefix[None, :-1],
+            extra=2 * max(gammas) + 5,
+            prefill_chunk=group_size,
+        )
+        for temperature in temperatures:
+            if temperature > 0:
+                exact = exact_two_tokens(
+                    target, params, cache, int(prefix[-1]), temperature, sampled_top
+                )
+                checked[length, temperature] = (cache, int(prefix[-1]), exact)
     rows = []
     for spec in drafts:
         draft, weights = parse_draft(spec), weights_of[spec]
@@ -139,6 +165,25 @@ def acceptance_rows(
                 target_cache=_copy(caches[length]),
             )
             lengths = np.asarray(out.lengths)
+            check = None
+            if (length, temperature) in checked:
+                cache, last, exact = checked[length, temperature]
+                check = sampled_check(
+                    model,
+                    params,
+                    cache,
+                    last,
+                    exact,
+                    samples=sampled,
+                    batch=sampled_batch,
+                    seed=gamma,
+                    gamma=gamma,
+                    group_size=group_size,
+                    draft_params=weights,
+                    draft_kv_bits=draft["kv_bits"],
+                    sampling=sampling,
+                )
+                check["prefix"] = min(length, sampled_prefix)
             same, same_rows = None, None
             if temperature == 0:
                 want = plain[length]
@@ -161,6 +206,7 @@ def acceptance_rows(
                     new_tokens=int(lengths.sum()),
                     same_as_8bit=same,
                     **memory[length],
+                    sampled=check,
                     # Each prompt (row) alone, for intervals over prompts.
                     per_prompt=dict(
                         accepted=np.asarray(out.accepted).tolist(),
@@ -173,6 +219,66 @@ def acceptance_rows(
                 f"{spec}: prompt {length}, gamma {gamma}, T {temperature}: acceptance {rows[-1]['acceptance']:.3f}"
             )
     return rows
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, params, tokens, positions, cache):
+    return model.apply({"params": params}, tokens, positions, cache)[0].astype(jnp.float32)
+
+
+def exact_two_tokens(target, params, cache, last: int, temperature: float, top: int):
+    """The target path's distribution of the next two tokens at ``temperature``, after
+    ``cache`` (one sequence) and then ``last``: the ``top`` most likely first tokens, the
+    exact probability of each pair with them ``[top, V]`` (float64), and the first
+    tokens' total mass (the rest of the first tokens is one remaining cell)."""
+    position = jnp.asarray(cache.next_positions())[:, None]
+    logits = _logits(target, params, jnp.full((1, 1), last, jnp.int32), position, cache)
+    first = np.asarray(jax.nn.softmax(logits[0, -1] / temperature), np.float64)
+    first /= first.sum()
+    ids = np.argsort(-first)[:top]
+    tokens = np.stack([np.full(top, last), ids], axis=1).astype(np.int32)
+    positions = jnp.broadcast_to(position + jnp.arange(2), (top, 2))
+    logits = _logits(target, params, jnp.asarray(tokens), positions, lm.repeat_rows(cache, top))
+    second = np.asarray(jax.nn.softmax(logits[:, 1] / temperature), np.float64)
+    second /= second.sum(axis=1, keepdims=True)
+    return ids, first[ids, None] * second, float(first[ids].sum())
+
+
+def sampled_check(model, params, cache, last, exact, *, samples, batch, seed, **speculation):
+    """Pearson's chi-square test (``lhc.stats.chi_square_fit``) of ``samples`` first two
+    tokens of speculative sampling after ``cache`` and ``last`` (``batch`` rows at a
+    time, each from a copy of the cache) against ``exact`` (``exact_two_tokens``);
+    ``speculation``: ``decoding.speculative_generate``'s settings."""
+    ids, joint, mass = exact
+    cell_of = {int(t): i for i, t in enumerate(ids)}
+    vocab = joint.shape[1]
+    counts = np.zeros(joint.size + 1)
+    accepted = drafted = 0
+    for start in range(0, samples, batch):
+        rows = min(batch, samples - start)
+        out = decoding.speculative_generate(
+            model,
+            params,
+            np.full((rows, 1), last, np.int32),
+            max_new_tokens=2,
+            target_cache=lm.repeat_rows(cache, rows),
+            rng=jax.random.key(seed * 100_003 + start),
+            **speculation,
+        )
+        accepted += int(np.sum(out.accepted))
+        drafted += int(np.sum(out.drafted))
+        for first, second in np.asarray(out.tokens)[:, :2].tolist():
+            cell = cell_of.get(first)
+            counts[-1 if cell is None else cell * vocab + second] += 1
+    expected = np.append(joint.reshape(-1), max(0.0, 1.0 - mass))
+    test = stats.chi_square_fit(counts, expected)
+    return dict(
+        samples=samples,
+        p_value=test["p_value"],
+        cells=test["cells"],
+        top_mass=round(mass, 6),
+        acceptance=accepted / max(drafted, 1),
+    )
 
 
 def _copy(cache):
