@@ -149,20 +149,22 @@ def acceptance_rows(
         for (length, prompt), gamma, temperature in itertools.product(
             prompts.items(), gammas, temperatures
         ):
-            sampling = lm.SamplingParams(temperature=temperature)
+            speculation = dict(
+                gamma=gamma,
+                group_size=group_size,
+                draft_params=weights,
+                draft_kv_bits=draft["kv_bits"],
+                sampling=lm.SamplingParams(temperature=temperature),
+            )
             out = decoding.speculative_generate(
                 model,
                 params,
                 prompt[:, -1:],
-                gamma=gamma,
                 max_new_tokens=new_tokens,
-                group_size=group_size,
-                draft_params=weights,
-                draft_kv_bits=draft["kv_bits"],
-                sampling=sampling,
                 rng=jax.random.key(0) if temperature > 0 else None,
                 stop_tokens=stop_tokens,
                 target_cache=_copy(caches[length]),
+                **speculation,
             )
             lengths = np.asarray(out.lengths)
             check = None
@@ -177,11 +179,7 @@ def acceptance_rows(
                     samples=sampled,
                     batch=sampled_batch,
                     seed=gamma,
-                    gamma=gamma,
-                    group_size=group_size,
-                    draft_params=weights,
-                    draft_kv_bits=draft["kv_bits"],
-                    sampling=sampling,
+                    **speculation,
                 )
                 check["prefix"] = min(length, sampled_prefix)
             same, same_rows = None, None
