@@ -65,7 +65,7 @@ def tables(rows: list[dict]) -> str:
                 ("accuracy", "accuracy", ".2f"),
                 ("95% interval", "interval"),
                 ("by depth", "depths"),
-                ("p", "p", ".3f"),
+                ("p", "p", ".2g"),
             ],
             table,
         )
