@@ -1,11 +1,11 @@
 """``lhc report EXPERIMENT_DIR``: an experiment's tables from its committed raw results.
 
 An experiment directory holds ``results/*.jsonl`` (one JSON record per test, see
-``lhc.stats``) and ``report.py``, which defines::
+``lhc.stats``; ``*.jsonl.gz`` when compressed) and ``report.py``, which defines::
 
     def render(results: dict[str, list[dict]]) -> dict[str, str]
 
-``results`` maps each results file's name (without ``.jsonl``) to its records; the
+``results`` maps each results file's name (without ``.jsonl[.gz]``) to its records; the
 returned mapping names markdown blocks. ``lhc report DIR`` prints them; ``--write`` puts
 each into ``DIR/README.md`` between ``<!-- report: NAME -->`` and ``<!-- /report -->``,
 so every table in a README can be rendered again from the files it came from.
@@ -22,9 +22,22 @@ from lhc.stats import read_records
 
 
 def load_results(directory: str) -> dict[str, list[dict]]:
-    """``{file name without .jsonl: records}`` of ``directory/results/*.jsonl``."""
-    paths = sorted(glob.glob(os.path.join(directory, "results", "*.jsonl")))
-    return {os.path.basename(p)[: -len(".jsonl")]: read_records(p) for p in paths}
+    """``{file name without .jsonl: records}`` of ``directory/results/*.jsonl`` and
+    ``*.jsonl.gz``.
+
+    Raises:
+        ValueError: one name in both forms (which of the two is meant is unclear).
+    """
+    results = {}
+    for suffix in (".jsonl", ".jsonl.gz"):
+        for path in sorted(glob.glob(os.path.join(directory, "results", "*" + suffix))):
+            name = os.path.basename(path)[: -len(suffix)]
+            if name in results:
+                raise ValueError(
+                    f"{path}: results {name!r} are also in {name}.jsonl; keep one of the two"
+                )
+            results[name] = read_records(path)
+    return dict(sorted(results.items()))
 
 
 def render(directory: str) -> dict[str, str]:
@@ -38,7 +51,7 @@ def render(directory: str) -> dict[str, str]:
         raise FileNotFoundError(f"{directory!r} has no report.py (expected {script})")
     results = load_results(directory)
     if not results:
-        raise FileNotFoundError(f"{directory!r} has no results/*.jsonl")
+        raise FileNotFoundError(f"{directory!r} has no results/*.jsonl or *.jsonl.gz")
     spec = importlib.util.spec_from_file_location("_experiment_report", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,7 +1,9 @@
 """Statistics and result files shared by every experiment and benchmark.
 
 Result files are JSON lines, one record per test, appended as each test finishes, so
-an interrupted sweep resumes where it stopped (``read_records`` / ``append_records``).
+an interrupted sweep resumes where it stopped (``read_records`` / ``append_records``);
+a path ending in ``.gz`` is a gzip-compressed file of the same lines, for the sweeps whose
+answers would make a plain file too large to commit.
 Tables of results are markdown (``markdown_table``), an accuracy given with its
 ``wilson_interval``, two methods scored on the same items compared by the exact paired
 test on the items where they disagree (``mcnemar``); samples against a known
@@ -13,6 +15,7 @@ independent (one question-needle pair tested at several depths).
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -26,21 +29,19 @@ from numpy.typing import ArrayLike
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
-    """The records of a results file (one JSON object per line). A last line without its
-    newline (a write that an interruption cut short) is dropped from the file: that record
-    is made again.
+    """The records of a results file (one JSON object per line; gzip-compressed when
+    ``path`` ends in ``.gz``). A last line without its newline (a write that an
+    interruption cut short) is dropped from the file: that record is made again.
 
     Raises:
         ValueError: a line that is not JSON, naming the file and line.
     """
     if not os.path.exists(path):
         return []
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    text = _read_text(path)
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        _write_text(path, text)
     records = []
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -53,15 +54,47 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 def append_records(path: str | os.PathLike, records: Sequence[dict | str]) -> None:
     """Appends ``records`` (dicts, or lines of JSON) to the file at ``path``, one per
-    line, flushed to the disk before returning (its folder is made if missing)."""
+    line, flushed to the disk before returning (its folder is made if missing). A ``.gz``
+    file is written again whole, to a temporary file renamed over it, so an interruption
+    leaves either the old records or the new ones."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
     if not lines:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if _compressed(path):
+        text = _read_text(path) if os.path.exists(path) else ""
+        _write_text(path, text + "\n".join(lines) + "\n")
+        return
     with open(path, "a", encoding="utf-8") as handle:
         handle.write("\n".join(lines) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _compressed(path: str | os.PathLike) -> bool:
+    return os.fspath(path).endswith(".gz")
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    if _compressed(path):
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _write_text(path: str | os.PathLike, text: str) -> None:
+    """``text`` into ``path`` through a temporary file in the same folder; a ``.gz`` file
+    is compressed with no time stamp, so the same records give the same bytes."""
+    temporary = f"{os.fspath(path)}.partial"
+    with open(temporary, "wb") as handle:
+        data = text.encode("utf-8")
+        if _compressed(path):
+            data = gzip.compress(data, compresslevel=9, mtime=0)
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 # Intervals -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """lhc report: an experiment's tables from its results files, into its README."""
 
+import gzip
 import json
 
 import pytest
@@ -52,3 +53,13 @@ def test_missing_pieces_are_named(tmp_path):
     (directory / "report.py").unlink()
     with pytest.raises(SystemExit, match="lhc report: .* has no report.py"):
         cli.main(["report", str(directory)])
+
+
+def test_compressed_results_are_read_and_one_name_in_both_forms_is_refused(tmp_path):
+    directory = experiment(tmp_path, "<!-- report: a -->\n<!-- /report -->\n")
+    plain = directory / "results" / "b.jsonl"
+    (directory / "results" / "b.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    with pytest.raises(ValueError, match=r"b.jsonl.gz: results 'b' are also in b.jsonl"):
+        report.load_results(str(directory))
+    plain.unlink()
+    assert report.render(str(directory))["b"] == "b: 0/2 [0.00, 0.66]"

@@ -1,6 +1,7 @@
 """lhc.stats: result files, intervals, bootstraps and tables, against hand-written files,
 scipy, closed-form results and tables written out by hand."""
 
+import gzip
 import json
 
 import numpy as np
@@ -19,6 +20,20 @@ def test_records_append_and_read_back_and_a_cut_last_line_is_dropped(tmp_path):
         handle.write('{"id": 3, "sco')  # an interrupted write
     assert stats.read_records(path) == [{"id": 1, "score": 0.5}, {"id": 2}]
     assert path.read_text() == '{"id": 1, "score": 0.5}\n{"id": 2}\n'
+
+
+def test_a_gz_results_file_is_gzip_of_the_same_lines_and_appends_keep_it_whole(tmp_path):
+    path = tmp_path / "results" / "run.jsonl.gz"
+    stats.append_records(path, [{"id": 1, "answer": "Yuki"}])
+    stats.append_records(path, [{"id": 2, "answer": "Stuart"}, json.dumps({"id": 3})])
+    text = '{"id": 1, "answer": "Yuki"}\n{"id": 2, "answer": "Stuart"}\n{"id": 3}\n'
+    assert gzip.decompress(path.read_bytes()).decode() == text  # one stream, readable by gzip
+    assert stats.read_records(path) == [json.loads(line) for line in text.splitlines()]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["run.jsonl.gz"]
+    first = path.read_bytes()
+    path.unlink()
+    stats.append_records(path, [json.loads(line) for line in text.splitlines()])
+    assert path.read_bytes() == first  # no time stamp: the same records, the same bytes
 
 
 def test_a_line_that_is_not_json_is_named(tmp_path):

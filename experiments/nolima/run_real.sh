@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NoLiMa on pretrained models, with a public-domain book (the King James Bible) as
-# haystack, into experiments/nolima/results/<model>.jsonl (one record per test; rerun to
-# resume):
+# haystack, into experiments/nolima/results/<model>.jsonl.gz (one record per test,
+# gzip-compressed: the answers make a plain file too large to commit; rerun to resume):
 #   experiments/nolima/run_real.sh smollm2     # SmolLM2-135M-Instruct, 250 to 7,680 tokens
 #   experiments/nolima/run_real.sh qwen        # Qwen2.5-Coder-0.5B-Instruct, 250 to 8,000
 #   experiments/nolima/run_real.sh qwen-long   # the same at 16,000 and 32,000 tokens
@@ -27,4 +27,4 @@ HAYSTACK=${HAYSTACK:-$WORK/kjv.txt}
 nice lhc bench nolima --checkpoint "$MODEL" --label "$MODEL" --dtype float32 \
   --haystack "$HAYSTACK" --shuffle 4000 --filter --haystacks "$HAYSTACKS" --orders alternate \
   --probe --lengths "$LENGTHS" --depths 0,0.5,1 --max-new-tokens 192 --seed 0 \
-  --results "$HERE/results/$NAME.jsonl" --json "$WORK/$WHICH.json"
+  --results "$HERE/results/$NAME.jsonl.gz" --json "$WORK/$WHICH.json"
