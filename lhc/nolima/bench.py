@@ -40,12 +40,14 @@ from lhc.data.haystack import Haystack, clean_lines, filter_lines, shuffled_hays
 from lhc.nolima import world as world_lib
 from lhc.nolima.evaluate import PromptFormat, evaluate
 from lhc.nolima.needles import (
+    NeedleCase,
     lhc_needle_set,
     load_needle_set,
     needle_cases,
     one_order_per_fact,
     sample_cases,
 )
+from lhc.nolima.report import known_pairs
 from lhc.nolima.scores import LITERAL, interval_table, plot, summary, table
 
 # The knowledge check: each latent pair at 250 tokens, at these depths of a held-out
@@ -143,6 +145,24 @@ def _setup(args, tokenizer, world_config, longest: int):
     return sample_cases(cases, args.pairs, args.seed), haystacks, held_out
 
 
+def known_facts(cases: list[NeedleCase], known: dict[str, bool]) -> list[NeedleCase]:
+    """The cases of the facts (needle and its order) whose latent association the model
+    knows: each known latent pair with the literal question about the same needle (the
+    paired comparison stays whole); the facts with no known latent pair are dropped."""
+    fact = lambda c: (c.experiment_id, c.test_id)  # noqa: E731
+    kept = {fact(c) for c in cases if known.get(c.pair)}
+    chosen = [
+        c for c in cases if fact(c) in kept and (c.question_type in LITERAL or known.get(c.pair))
+    ]
+    dropped = sorted(p for p, k in known.items() if not k)
+    print(
+        f"--known-only: {len(chosen)} of {len(cases)} pairs ({len(kept)} facts with a known "
+        f"latent pair); not known: {', '.join(dropped) or 'none'}",
+        flush=True,
+    )
+    return chosen
+
+
 def sweep(args) -> dict[str, Any]:
     lengths, depths = args.lengths, args.depths
     model, params, tokenizer, fmt, stops, world_config = _model(args, max(lengths) + 1024)
@@ -171,7 +191,13 @@ def sweep(args) -> dict[str, Any]:
             raise SystemExit("--probe needs a held-out haystack: --shuffle or --world")
         latent = [c for c in cases if c.question_type not in LITERAL]
         print(f"knowledge check: {len(latent)} latent pairs at 250 tokens in {held_out[0].name}")
-        run(latent, held_out, lengths=[250], depths=PROBE_DEPTHS, tags={**tags, "set": "probe"})
+        probe = run(
+            latent, held_out, lengths=[250], depths=PROBE_DEPTHS, tags={**tags, "set": "probe"}
+        )
+        if args.known_only:
+            cases = known_facts(cases, known_pairs([{**r, "set": "probe"} for r in probe]))
+    elif args.known_only:
+        raise SystemExit("--known-only needs --probe (the knowledge check decides what is known)")
     print(
         f"{len(cases)} question-needle pairs x {len(haystacks)} haystacks x {len(depths)} "
         f"depths x {len(lengths)} lengths ({args.variant})",
@@ -305,6 +331,12 @@ def _parser() -> argparse.ArgumentParser:
         "--probe",
         action="store_true",
         help="first the knowledge check: latent pairs at 250 tokens on a held-out haystack",
+    )
+    p.add_argument(
+        "--known-only",
+        action="store_true",
+        help="after --probe, sweep only the facts with a known latent pair (and their "
+        "literal questions)",
     )
     p.add_argument("--label", default=None, help="the model's name in the results")
     p.add_argument("--decoy-rate", type=float, default=0.2, help="--world haystacks")

@@ -199,6 +199,25 @@ def test_bench_sweeps_a_needle_set_file_on_an_imported_checkpoint(tmp_path, caps
         digest = hashlib.sha256(handle.read()).hexdigest()
     assert {(r["model"], r["source"]) for r in records} == {("tiny", digest)}
     assert all(r["lhc_commit"] for r in records)
+    # --known-only: the knowledge check's rows made to say that the model answered T01's
+    # one-hop question at all 3 depths, T03's at 2 and T05's at 1: facts T01 and T03 are
+    # known (2 of 3 at least), and the sweep keeps their one-hop and direct questions
+    # (already in the file: nothing runs again).
+    hits = {"T01": 3, "T03": 2, "T05": 1}
+    seen = {}
+    for r in probe:
+        seen[r["test"]] = seen.get(r["test"], 0) + 1
+        r["correct"] = seen[r["test"]] <= hits.get(r["test"], 0)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in probe + sweep))
+    argv = ["--checkpoint", str(model_dir), "--dtype", "float32", "--results"]
+    argv += [str(tmp_path / "r.jsonl"), "--needle-set", str(tmp_path / "needles.json")]
+    argv += ["--haystack", str(tmp_path / "book.txt"), *flags]
+    known = bench.main([*argv, "--known-only"])
+    assert known["tests"] == 2 * 2 * 2 and known["pairs"] == 4  # facts x types x haystacks
+    assert len(nolima.read_results(tmp_path / "r.jsonl")) == len(records)
+    argv.remove("--probe")
+    with pytest.raises(SystemExit, match="--known-only needs --probe"):
+        bench.main([*argv, "--known-only"])
     with pytest.raises(SystemExit):
         bench.main(["--checkpoint", str(model_dir), "--workdir", str(tmp_path)])
     assert "argument --workdir: not allowed with argument --checkpoint" in capsys.readouterr().err
