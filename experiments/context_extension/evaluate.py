@@ -18,7 +18,8 @@ evaluation resumes. ``report.py`` renders the tables.
   ``--passkey-chat``, the haystack is the user's message in the chat template and the question
   follows it), correct when the key's digits are in the first 16 tokens.
 * ``position``: mean next-token loss per 1,024-position bucket over ``--loss-windows``
-  held-out windows of the longest length (each window from position 0).
+  held-out windows of the longest length (each window from position 0), a row per window
+  (``report.py`` averages them).
 * ``short``: the mean loss of 512-token held-out windows, and greedy chat answers to
   three fixed questions (``--chat`` for a model with a chat template).
 """
@@ -153,9 +154,13 @@ def passkey_tests(args, ckpt, held_out: np.ndarray, done: set, base: dict):
 
 
 def position_tests(args, ckpt, text: TextFiles, done: set, base: dict):
-    if "position" in done:
+    """One row per held-out window (``position/i``), so that an interrupted evaluation
+    keeps the windows it finished (a 16K window takes minutes)."""
+    count = min(args.loss_windows, text.held_out.num_windows)
+    pending = [i for i in range(count) if f"position/{i}" not in done]
+    if "position" in done or not pending:  # "position": all windows in one row
         return
-    windows = text.held_out.windows(range(min(args.loss_windows, text.held_out.num_windows)))
+    windows = text.held_out.windows(range(count))
     # No cache: the whole window at once, attention over key blocks (bounded memory).
     model = lm.Transformer(ckpt.model.config.replace(attention_impl="chunked"))
 
@@ -165,23 +170,19 @@ def position_tests(args, ckpt, text: TextFiles, done: set, base: dict):
         (loss, _), _ = model.apply({"params": params}, tokens, positions, targets=targets)
         return loss
 
-    losses = np.concatenate(
-        [
-            np.asarray(
-                nll(ckpt.params, windows["tokens"][i : i + 1], windows["targets"][i : i + 1])
-            )
-            for i in range(len(windows["tokens"]))
-        ]
-    )
-    buckets = losses.reshape(len(losses), -1, 1024).mean(axis=(0, 2))
-    yield {
-        **base,
-        "test": "position",
-        "kind": "position",
-        "windows": len(losses),
-        "bucket": 1024,
-        "nll": [round(float(v), 4) for v in buckets],
-    }
+    for i in pending:
+        loss = np.asarray(
+            nll(ckpt.params, windows["tokens"][i : i + 1], windows["targets"][i : i + 1])
+        )
+        buckets = loss.reshape(-1, 1024).mean(axis=1)
+        yield {
+            **base,
+            "test": f"position/{i}",
+            "kind": "position",
+            "windows": 1,
+            "bucket": 1024,
+            "nll": [round(float(v), 4) for v in buckets],
+        }
 
 
 def short_tests(args, ckpt, short: TextFiles, done: set, base: dict):

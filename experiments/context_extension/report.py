@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from lhc import stats
 
 
@@ -76,14 +78,14 @@ def tables(rows: list[dict]) -> str:
         columns = [("model", "model"), ("windows", "windows")] + [
             (f"{b}K-{b + 1}K", f"b{b}", ".3f") for b in range(buckets)
         ]
-        entries = [
-            {
-                "model": r["model"],
-                "windows": r["windows"],
-                **{f"b{i}": v for i, v in enumerate(r["nll"])},
-            }
-            for r in position
-        ]
+        entries = []
+        for model in dict.fromkeys(r["model"] for r in position):
+            mine = [r for r in position if r["model"] == model]  # a row per window, or one
+            windows = sum(r["windows"] for r in mine)
+            nll = sum(np.asarray(r["nll"]) * r["windows"] for r in mine) / windows
+            entries.append(
+                {"model": model, "windows": windows, **{f"b{i}": v for i, v in enumerate(nll)}}
+            )
         out.append("\nHeld-out loss (nats per token) by position:\n")
         out.append(stats.markdown_table(columns, entries))
     short = [row for row in rows if row["kind"] == "short_loss"]
