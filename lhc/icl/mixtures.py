@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -213,22 +213,41 @@ def draw(tokenizer, family: Family, groups, num_demos: int, prompts: int, seed: 
     return drawn
 
 
-def _run(model, params, tokenizer, family, groups, num_demos, prompts, seed, batch):
+def _run(
+    model,
+    params,
+    tokenizer,
+    family,
+    groups,
+    num_demos,
+    prompts,
+    seed,
+    batch,
+    done=None,
+    on_row=None,
+):
     """``measure`` of each ``(tasks, proportions)`` of ``groups``, every prompt padded to
     one width and every answer to another (one compiled program: the first call
-    compiles), with its ``seconds`` and the ``width``."""
+    compiles), with its ``seconds`` and the ``width``. ``done``: ``{group index: row}``
+    measured before (not measured again); ``on_row(index, row)``: called as each new row
+    is measured."""
     drawn = draw(tokenizer, family, groups, num_demos, prompts, seed)
     every = [p for group in drawn for p in group]
     width = bucket_length(max(len(p.tokens) for p in every))
     longest_answer = max(len(a) for p in every for a in p.answers)
     answer_width = -(-longest_answer // ANSWER_BUCKET) * ANSWER_BUCKET
     results = []
-    for group, (_, row) in zip(drawn, groups):
+    for index, (group, (_, row)) in enumerate(zip(drawn, groups)):
+        if done and index in done:
+            results.append(done[index])
+            continue
         began = time.perf_counter()
         result = measure(
             model, params, group, row, batch_size=batch, width=width, answer_width=answer_width
         )
         results.append(dict(result, seconds=time.perf_counter() - began, width=width))
+        if on_row:
+            on_row(index, results[-1])
     return results
 
 
@@ -255,12 +274,18 @@ def sweep(
     prompts: int,
     seed: int,
     batch: int = 8,
+    done: Mapping[int, dict] | None = None,
+    on_row: Callable[[int, dict], None] | None = None,
 ) -> dict:
     """The proportion sweep: ``measure`` at each share d of ``tasks[0]`` (the others
-    sharing 1 - d), and (at two shares or more) ``calibration`` of both scorings."""
+    sharing 1 - d), and (at two shares or more) ``calibration`` of both scorings.
+    ``done`` and ``on_row``: the points of an interrupted sweep, as for ``_run`` (every
+    point's prompts are drawn whatever is done, so a resumed sweep equals one run whole)."""
     proportions = sweep_proportions(len(tasks), shares)
     groups = [(list(tasks), row) for row in proportions]
-    rows = _run(model, params, tokenizer, family, groups, num_demos, prompts, seed, batch)
+    rows = _run(
+        model, params, tokenizer, family, groups, num_demos, prompts, seed, batch, done, on_row
+    )
     return dict(
         tasks=list(tasks),
         rows=rows,

@@ -154,6 +154,41 @@ def test_a_proportion_sweep_and_single_tasks_on_a_checkpoint(hf_model, tmp_path,
     assert "\n| copy | copy_a | " in out
 
 
+def test_an_interrupted_sweep_measures_only_the_points_it_lacks(hf_model, tmp_path, monkeypatch):
+    args = _checkpoint_args(
+        hf_model, *"--family addition --tasks english,digits --points 3".split()
+    )
+    whole, resumed = tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl"
+    bench.main([*args, "--results", str(whole)])
+    measure, calls = mixtures.measure, []
+
+    def stop_at_the_third(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return measure(*a, **k)
+
+    monkeypatch.setattr(mixtures, "measure", stop_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*args, "--results", str(resumed)])
+    points = tmp_path / "resumed.jsonl.points"
+    assert [json.loads(line)["point"] for line in points.read_text().splitlines()] == [0, 1]
+    assert not resumed.exists()
+    bench.main([*args, "--results", str(resumed)])
+    assert len(calls) == 4  # the third point alone
+    assert not points.exists()
+    timing = ("seconds", "compile_seconds", "lhc_commit")
+    (a,), (b,) = (
+        [json.loads(line) for line in path.read_text().splitlines()] for path in (whole, resumed)
+    )
+    for record in (a, b):
+        for key in timing:
+            record.pop(key, None)
+        for row in record["rows"]:
+            row.pop("seconds")
+    assert a == b
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

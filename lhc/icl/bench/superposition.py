@@ -19,6 +19,7 @@ others sharing 1 - d); without it, the even mixture::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -270,18 +271,48 @@ def family_table(args) -> dict:
             if (name, tasks, args.seed, args.prompts, demos) in done:
                 print(f"{name} {','.join(tasks)} seed {args.seed}: in {args.results}, skipped")
                 continue
-            result[name] = _family_sweep(args, model, params, tokenizer, family, demos)
+            points = _Points(args, name, tasks, demos) if tags else None
+            result[name] = _family_sweep(args, model, params, tokenizer, family, demos, points)
             if tags:
                 record = {
                     **tags, **result[name], "family": name, "tasks": list(tasks),
                     "seed": args.seed, "prompts": args.prompts, "demos": demos,
                 }  # fmt: skip
                 stats.append_records(args.results, [record])
+                points.clear()
     print(f"\n{time.perf_counter() - began:.0f} s")
     return result
 
 
-def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
+class _Points:
+    """The finished points of a sweep not yet in ``--results``, in ``RESULTS.points``
+    (a point of 64 prompts on a real model takes minutes; a sweep of five, an hour):
+    a sweep interrupted and run again measures only the points it lacks."""
+
+    def __init__(self, args, family: str, tasks, demos: int):
+        self.path = f"{args.results}.points"
+        self.sweep = dict(
+            model=args.checkpoint, family=family, tasks=list(tasks), seed=args.seed,
+            prompts=args.prompts, demos=demos, points=args.points,
+        )  # fmt: skip
+        self.done = {
+            r["point"]: r["row"] for r in stats.read_records(self.path) if r["sweep"] == self.sweep
+        }
+        if self.done:
+            print(f"{family}: points {sorted(self.done)} from {self.path}", flush=True)
+
+    def add(self, index: int, row: dict) -> None:
+        stats.append_records(self.path, [{"sweep": self.sweep, "point": index, "row": row}])
+
+    def clear(self) -> None:
+        """Drops this sweep's points (its record is in ``--results`` now)."""
+        rest = [r for r in stats.read_records(self.path) if r["sweep"] != self.sweep]
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        stats.append_records(self.path, rest)
+
+
+def _family_sweep(args, model, params, tokenizer, family, demos, points=None) -> dict:
     tasks = list(args.tasks or family.tasks)
     shares = np.linspace(0, 1, args.points) if args.points else [1 / len(tasks)]
     try:
@@ -297,6 +328,8 @@ def _family_sweep(args, model, params, tokenizer, family, demos) -> dict:
                 prompts=args.prompts,
                 seed=args.seed,
                 batch=args.batch,
+                done=points.done if points else None,
+                on_row=points.add if points else None,
             )
     except ValueError as error:
         raise SystemExit(f"--family {family.name}: {error}") from None
