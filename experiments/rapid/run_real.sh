@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # RAPID on pretrained models, questions about facts inserted into a public-domain book
-# (the King James Bible), into experiments/rapid/results/<model>.jsonl (rerun to resume):
+# (the King James Bible), into experiments/rapid/results/<model>.jsonl.gz (gzip; rerun to resume):
 #   experiments/rapid/run_real.sh smollm2   # SmolLM2-135M-Instruct at 2K, 4K and 7,936 tokens
 #   experiments/rapid/run_real.sh qwen      # Qwen2.5-Coder-0.5B-Instruct at 16,000 and 32,000
 #   lhc report experiments/rapid            # the tables
@@ -26,4 +26,4 @@ nice lhc bench rapid --checkpoint "$MODEL" --dtype float32 --haystack "$HAYSTACK
   --context-lengths "$LENGTHS" --samples "$SAMPLES" --facts-per-context "$FACTS" \
   --context-batch "$BATCH" --paraphrased 0.5 --seed 0 --new-tokens 64 --gamma 10 \
   --etas 0,10,20 --chunk-size 128 --min-budget 512 --ratio 24 \
-  --results "$HERE/results/$NAME.jsonl" --json "$WORK/$WHICH.json"
+  --results "$HERE/results/$NAME.jsonl.gz" --json "$WORK/$WHICH.json"
