@@ -56,7 +56,8 @@ def append_records(path: str | os.PathLike, records: Sequence[dict | str]) -> No
     """Appends ``records`` (dicts, or lines of JSON) to the file at ``path``, one per
     line, flushed to the disk before returning (its folder is made if missing). A ``.gz``
     file is written again whole, to a temporary file renamed over it, so an interruption
-    leaves either the old records or the new ones."""
+    leaves either the old records or the new ones (and two processes appending to one
+    ``.gz`` file at once would lose records: give each run its own file)."""
     lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
     if not lines:
         return
