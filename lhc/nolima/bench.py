@@ -195,7 +195,7 @@ def sweep(args) -> dict[str, Any]:
             latent, held_out, lengths=[250], depths=PROBE_DEPTHS, tags={**tags, "set": "probe"}
         )
         if args.known_only:
-            cases = known_facts(cases, known_pairs([{**r, "set": "probe"} for r in probe]))
+            cases = known_facts(cases, known_pairs(probe))  # rows tagged set: probe
     elif args.known_only:
         raise SystemExit("--known-only needs --probe (the knowledge check decides what is known)")
     print(
