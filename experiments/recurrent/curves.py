@@ -13,7 +13,9 @@ the same sequences' first T tokens; the passkey accuracy at each of ``--passkey-
 over five depths (0, 0.25, 0.5, 0.75, 1) with ``--samples`` keys each. Prints markdown
 tables and writes ``perplexity.png``, ``effrem.png``, ``passkey.png`` and the numbers
 (``results.json``, which ``summarize.py`` averages over seeds) to ``--out``. A run is
-named by its workdir's folder name.
+named by its workdir's folder name. With ``--results``, each run's record is appended as
+soon as it is measured, and a run whose record for the same step and settings is already
+there is read back instead of measured again (an interrupted evaluation resumes).
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def _table(title: str, rows, columns: dict, fmt: str) -> str:
     return "\n".join(lines)
 
 
+def _done(records: list[dict], name: str, step: int, args) -> dict | None:
+    """The record of run ``name`` at ``step`` measured with these settings, if any."""
+    wanted = (name, step, args.length, args.sequences, args.passkey_lengths)
+    for record in records:
+        keys = ("run", "step", "length", "sequences", "passkey_lengths")
+        if tuple(record[k] for k in keys) != wanted:
+            continue
+        cells = [c for row in record["passkey_hits"] for c in row]
+        if all(len(c) == args.samples for c in cells):
+            return record
+    return None
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdirs", nargs="+", required=True)
@@ -64,10 +79,20 @@ def main(argv=None) -> None:
     edges = [0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, args.length - 1]
     edges = sorted({e for e in edges if e <= args.length - 1})
     starts = np.unique(np.linspace(0, args.effrem_length - 1, 16).astype(int))
-    perplexity, effrem, passkey, records = {}, {}, {}, []
+    perplexity, effrem, passkey = {}, {}, {}
+    earlier = stats.read_records(args.results) if args.results else []
     for workdir in args.workdirs:
         name = os.path.basename(os.path.normpath(workdir))
         exp, params, step = restore_params(None, workdir)
+        record = _done(earlier, name, int(step), args)
+        if record is not None:
+            print(f"{name}: step {step}, read from {args.results}", flush=True)
+            perplexity[name] = np.asarray(record["perplexity"])
+            effrem[name] = np.asarray(record["effrem"])
+            if args.passkey_lengths:
+                hits = record["passkey_hits"]
+                passkey[name] = np.array([[np.mean(c) for c in r] for r in hits]).mean(axis=1)
+            continue
         model = exp.task.model
         nll = loss_by_position(model, params, sequences, chunk_size=1024)
         perplexity[name] = np.exp(bucket_means(nll, edges))
@@ -86,15 +111,15 @@ def main(argv=None) -> None:
             passkey[name] = result.accuracy.mean(axis=1)
             print(f"\n{name} (step {step}), passkey accuracy:\n\n{result.table()}")
         print(f"{name}: step {step}", flush=True)
-        records.append(
-            dict(
+        record = dict(
                 run=name, step=int(step), seed=int(exp.config.seed), length=args.length,
                 sequences=args.sequences, buckets=edges, perplexity=perplexity[name].tolist(),
                 effrem_t=starts.tolist(), effrem=np.asarray(effrem[name]).tolist(),
                 passkey_lengths=args.passkey_lengths, passkey_depths=list(DEPTHS),
                 passkey_hits=result.hits if args.passkey_lengths else [],
-            )
         )  # fmt: skip
+        if args.results:
+            stats.append_records(args.results, [record])
     buckets = [f"{lo}-{hi}" for lo, hi in zip(edges, edges[1:])]
     print("\nPerplexity by position:\n\n" + _table("positions", buckets, perplexity, ".2f"))
     print(
@@ -106,8 +131,6 @@ def main(argv=None) -> None:
             "\nPasskey accuracy (mean over depths):\n\n"
             + _table("length", args.passkey_lengths, passkey, ".2f")
         )
-    if args.results:
-        stats.append_records(args.results, records)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         lists = lambda d: {k: np.asarray(v).tolist() for k, v in d.items()}  # noqa: E731

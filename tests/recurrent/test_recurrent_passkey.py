@@ -2,11 +2,16 @@
 each recurrent LM (built by its model factory), then the passkey evaluation past the
 training length, through the state cache; training from noise initial states."""
 
+import json
+import runpy
+import shutil
+
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
 
+from lhc import stats
 from lhc.nn.config import build_model
 from lhc.recurrent import Mamba2LM
 from lhc.recurrent.task import fitted_states, noise_states
@@ -195,3 +200,42 @@ def test_bad_initial_state_settings():
         _task("warm")
     with pytest.raises(ValueError, match="config.initial_state.chunks must be a positive int"):
         _task("tbtt", "initial_state.chunks=0")
+
+
+@pytest.mark.slow
+def test_curves_resume_from_the_results_file(tmp_path, capsys):
+    """experiments/recurrent/curves.py appends each run's record as it is measured and
+    reads back, instead of measuring again, a run whose record has the same step and
+    settings; other settings are measured anew."""
+    config = config_lib.load_config(
+        "configs/recurrent_passkey.py:tiny,runlocal",
+        ["num_steps=1", "batch_size=2", "data.length=112", "progress_bar=False",
+         "eval_batches=1", "tensorboard=False", "model.num_layers=1"],
+    )  # fmt: skip
+    train_and_evaluate(config, str(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    main = runpy.run_path("experiments/recurrent/curves.py")["main"]
+    results = tmp_path / "rows.jsonl"
+
+    def curves(*workdirs, samples=2):
+        out = tmp_path / f"out{len(stats.read_records(results))}"
+        main([
+            "--workdirs", *[str(tmp_path / w) for w in workdirs], "--length", "160",
+            "--sequences", "1", "--effrem-length", "16", "--passkey-lengths", "128",
+            "--samples", str(samples), "--results", str(results), "--out", str(out),
+        ])  # fmt: skip
+        with open(out / "results.json") as handle:
+            return json.load(handle), capsys.readouterr().out
+
+    first, _ = curves("a")
+    assert [r["run"] for r in stats.read_records(results)] == ["a"]
+    again, printed = curves("a", "b")
+    assert "a: step 1, read from" in printed and "b: step 1, read from" not in printed
+    assert [r["run"] for r in stats.read_records(results)] == ["a", "b"]
+    for key in ("perplexity", "effrem", "passkey"):
+        np.testing.assert_allclose(again[key]["a"], first[key]["a"])
+        # b holds the same weights, measured rather than read back.
+        np.testing.assert_allclose(again[key]["b"], first[key]["a"], rtol=1e-5)
+    _, printed = curves("a", samples=3)
+    assert "read from" not in printed
+    assert [len(c) for c in stats.read_records(results)[-1]["passkey_hits"][0]] == [3] * 5
