@@ -20,6 +20,7 @@ probe``, apart):
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
@@ -56,7 +57,8 @@ def curve_intervals(
     matrix = np.array([[pairs[p].get(n, np.nan) for n in lengths] for p in names])
     draws = np.random.default_rng(seed).integers(len(names), size=(resamples, len(names)))
     samples = np.concatenate([matrix[None], matrix[draws]])  # [1 + R, P, L]; 0: the data
-    with np.errstate(invalid="ignore"):
+    with warnings.catch_warnings():  # a draw with no pair scored at a length: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
         by_length = np.nanmean(samples, axis=1)  # [1 + R, L]
     out = {
         "pairs": len(names),
@@ -66,7 +68,8 @@ def curve_intervals(
     }
     base_columns = [i for i, n in enumerate(lengths) if n in base_lengths]
     if base_columns:
-        with np.errstate(invalid="ignore"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             base = np.nanmean(np.nanmax(samples[..., base_columns], axis=2), axis=1)
         below = by_length < threshold * base[:, None]
         # The effective length: the longest length before the first below the threshold
@@ -161,9 +164,13 @@ def render(records: Sequence[Mapping], *, resamples: int = 2000, seed: int = 0) 
         lengths = sorted(lengths)
         columns = [("questions", "questions"), ("pairs", "pairs"), ("base", "base")]
         columns += [(f"{n:,}", n) for n in lengths] + [("effective length", "effective")]
-        tests = len(sweep)
+        per_length = defaultdict(int)
+        for r in sweep:
+            per_length[int(r["length"])] += 1
+        counts = ", ".join(f"{n:,}: {per_length[n]}" for n in lengths)
         out.append(
-            f"**{model}**: score by length (95% bootstrap interval over pairs), {tests} tests"
+            f"**{model}**: score by length (95% bootstrap interval over pairs), {len(sweep)} "
+            f"tests ({counts})"
             + (
                 f"; knowledge check: {sum(known.values())} of {len(known)} latent pairs known"
                 if known

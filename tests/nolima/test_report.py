@@ -71,5 +71,13 @@ def test_knowledge_check_and_the_paired_test():
     assert [p["placements"] for p in known] == [4, 4, 4]
     text = report.render(rows, resamples=200)
     assert "knowledge check: 2 of 4 latent pairs known" in text
+    # Tests per length in the caption, so that an unfinished length shows as such.
+    lengths = [r["length"] for r in sweep]
+    counts = ", ".join(f"{n:,}: {lengths.count(n)}" for n in sorted(set(lengths)))
+    assert f"{len(sweep)} tests ({counts})" in text
+    unfinished = [r for r in rows if r.get("length") != 4000 or r["test"] == "T0"]
+    left = sum(r["length"] == 4000 and r["test"] == "T0" for r in sweep)
+    assert 0 < left < lengths.count(4000)
+    assert f"4,000: {left})" in report.render(unfinished, resamples=200)
     assert "| latent, known | 2 | 1.00 [1.00, 1.00] | 1.00 [1.00, 1.00] | 0.00 [0.00, 0.00]" in text
     assert "| literal | 4 | 1.00 [1.00, 1.00] |" in text
