@@ -112,11 +112,11 @@ def main(argv=None) -> None:
             print(f"\n{name} (step {step}), passkey accuracy:\n\n{result.table()}")
         print(f"{name}: step {step}", flush=True)
         record = dict(
-                run=name, step=int(step), seed=int(exp.config.seed), length=args.length,
-                sequences=args.sequences, buckets=edges, perplexity=perplexity[name].tolist(),
-                effrem_t=starts.tolist(), effrem=np.asarray(effrem[name]).tolist(),
-                passkey_lengths=args.passkey_lengths, passkey_depths=list(DEPTHS),
-                passkey_hits=result.hits if args.passkey_lengths else [],
+            run=name, step=int(step), seed=int(exp.config.seed), length=args.length,
+            sequences=args.sequences, buckets=edges, perplexity=perplexity[name].tolist(),
+            effrem_t=starts.tolist(), effrem=np.asarray(effrem[name]).tolist(),
+            passkey_lengths=args.passkey_lengths, passkey_depths=list(DEPTHS),
+            passkey_hits=result.hits if args.passkey_lengths else [],
         )  # fmt: skip
         if args.results:
             stats.append_records(args.results, [record])
