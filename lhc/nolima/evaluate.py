@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -355,7 +356,10 @@ def evaluate(
 
     Returns:
         One record per test: key, pair, question type, variant, length, haystack, depth,
-        name, answers, response, correct, prompt_tokens, needle_start.
+        name, answers, response, correct, prompt_tokens, needle_start, and the wall
+        seconds of the ``generate_fn`` call that answered it with the ``batch`` of tests
+        it answered (the first call of a placement also prefills its context after the
+        shared haystack prefix; later ones only their question).
     """
     tests = make_tests(cases, len(haystacks), lengths, depths, variant)
     keys = {t: t.key(haystacks) for t in tests}
@@ -396,12 +400,15 @@ def evaluate(
             shared = (outer, inner) if len(placement) > 1 else (outer,)
             for start in range(0, len(placement), batch_size):
                 batch = placement[start : start + batch_size]
+                start_time = time.perf_counter()
                 responses = generate_fn([built[t]["tokens"] for t in batch], shared)
+                seconds = time.perf_counter() - start_time
                 finished += len(batch)
                 _write(
                     batch,
                     [built[t] for t in batch],
                     responses,
+                    seconds,
                     tokenizer,
                     haystacks,
                     keys,
@@ -414,7 +421,9 @@ def evaluate(
     return [done[keys[t]] if keys[t] in done else new[keys[t]] for t in tests]
 
 
-def _write(batch, built, responses, tokenizer, haystacks, keys, tags, new, results_path) -> None:
+def _write(
+    batch, built, responses, seconds, tokenizer, haystacks, keys, tags, new, results_path
+) -> None:
     """The batch's records into ``new``, appended to ``results_path`` (flushed to disk)."""
     lines = []
     for test, b, response in zip(batch, built, responses):
@@ -437,6 +446,8 @@ def _write(batch, built, responses, tokenizer, haystacks, keys, tags, new, resul
             "prompt_tokens": len(b["tokens"]),
             "needle_start": b["needle_start"],
             "distractor_depth": b["distractor_depth"],
+            "seconds": seconds,
+            "batch": len(batch),
         }
         lines.append(json.dumps(record))
     if results_path:

@@ -324,7 +324,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(tmp_path):
     )
     assert sum(calls) == 36 - 5
     fresh = nolima.evaluate(None, None, tokenizer, cases, haystacks, generate_fn=answer, **kwargs)
-    assert resumed == fresh and len(nolima.read_results(path)) == 36
+    assert _untimed(resumed) == _untimed(fresh) and len(nolima.read_results(path)) == 36
     assert {r["correct"] for r in fresh} == {True, False}
     assert all(r["correct"] == (r["depth"] < 1.0) for r in fresh if r["length"] == 500)
     # One name per needle placement: the questions about it share it, the cells do not.
@@ -374,7 +374,7 @@ def test_a_stop_mid_sweep_loses_no_written_test(tmp_path):
     )
     assert len(asked) == 12 - 5 and not set(asked) & set(before)
     fresh = nolima.evaluate(None, None, tokenizer, cases, [haystack], generate_fn=answer, **kwargs)
-    assert resumed == fresh
+    assert _untimed(resumed) == _untimed(fresh)
 
 
 def test_pairs_are_sampled_reproducibly_with_a_seed():
@@ -394,6 +394,12 @@ def test_common_prefix_of_token_lists():
     assert nolima.common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
     assert nolima.common_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # one token left each
     assert nolima.common_prefix([[7, 1], [8, 1]]) == 0
+
+
+def _untimed(records):
+    """The records without how long their call took and how many tests it answered (a
+    resumed sweep answers in other batches)."""
+    return [{k: v for k, v in r.items() if k not in ("seconds", "batch")} for r in records]
 
 
 def test_evaluate_runs_a_protocol_model_batched():
@@ -426,6 +432,16 @@ def test_evaluate_runs_a_protocol_model_batched():
         )
         # Batched, from the shared haystack and needle prefixes == alone from scratch.
         assert record["response"] == tokenizer.decode(one([prompt], 0)[0])
+    # One call per placement and depth: the three questions about one needle, then the
+    # other needle's; each record carries its call's seconds and batch size.
+    assert sorted(r["batch"] for r in records) == [1, 1, 3, 3, 3, 3, 3, 3]
+    calls = {}
+    for r in records:
+        calls.setdefault((r["depth"], r["needle_start"], r["name"]), set()).add(
+            (r["seconds"], r["batch"])
+        )
+    assert all(len(c) == 1 for c in calls.values()) and len(calls) == 4
+    assert all(r["seconds"] > 0 for r in records)
     with pytest.raises(ValueError, match="variant must be one of"):
         nolima.make_tests(cases, 1, (250,), (0.5,), variant="hard")
 
